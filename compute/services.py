@@ -1,0 +1,105 @@
+"""Writes to hosts: heartbeats in, liveness checks, operator state changes, pings out."""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from compute.choices import OPERATOR_STATES, HostState
+from compute.models import Host
+from controlplane import agents, audit
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.services import operation_create
+
+log = logging.getLogger(__name__)
+
+PING_TASK = "kumo.host.agent.ping"
+
+
+@transaction.atomic
+def host_heartbeat(*, host: str, payload: dict, sent_at: datetime) -> Host:
+    """Record a heartbeat: creates the host on its first one, brings a down host back up.
+
+    A heartbeat older than the last one recorded (delivered late) changes nothing.
+    """
+    obj, created = Host.objects.select_for_update().get_or_create(name=host)
+    if obj.last_heartbeat_at is not None and sent_at <= obj.last_heartbeat_at:
+        return obj
+    previous = obj.state
+    obj.last_heartbeat_at = sent_at
+    obj.agent_version = str(payload.get("version", ""))[:32]
+    obj.libvirt_uri = str(payload.get("libvirt_uri", ""))[:255]
+    obj.capabilities = list(payload.get("capabilities", []))
+    started = payload.get("started_at")
+    obj.agent_started_at = parse_datetime(started) if isinstance(started, str) else None
+    if obj.state in (HostState.ENROLLING, HostState.DOWN):
+        obj.state, obj.state_reason = HostState.UP, ""
+    obj.save()
+    if created or previous != obj.state:
+        audit.record(
+            "host.up" if not created else "host.enroll",
+            obj,
+            detail={"from": previous, "to": obj.state, "agent_version": obj.agent_version},
+        )
+        log.info("host %s: %s -> %s", obj.name, previous, obj.state)
+    return obj
+
+
+def hosts_check(*, now: datetime | None = None) -> list[str]:
+    """Mark down every up or draining host whose agent missed heartbeats; returns their names."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.HOST_HEARTBEAT_TIMEOUT_S)
+    names = []
+    stale = Host.objects.filter(
+        state__in=[HostState.UP, HostState.DRAINING], last_heartbeat_at__lt=cutoff
+    ).values_list("pk", flat=True)
+    for pk in list(stale):
+        with transaction.atomic():
+            host = Host.objects.select_for_update().get(pk=pk)
+            if (
+                host.state not in (HostState.UP, HostState.DRAINING)
+                or host.last_heartbeat_at >= cutoff
+            ):
+                continue  # a heartbeat came in meanwhile
+            previous, host.state = host.state, HostState.DOWN
+            host.state_reason = f"no heartbeat since {host.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+            host.save(update_fields=["state", "state_reason", "updated_at"])
+            audit.record("host.down", host, detail={"from": previous, "reason": host.state_reason})
+            log.warning("host %s marked down: %s", host.name, host.state_reason)
+            names.append(host.name)
+    return names
+
+
+@transaction.atomic
+def host_set_state(*, host: Host, state: str, reason: str = "") -> Host:
+    """An operator drains a host, puts it into maintenance, or returns it to service."""
+    if state not in (*OPERATOR_STATES, HostState.UP):
+        raise InvalidInput.field("state", "must be draining, maintenance or up")
+    host = Host.objects.select_for_update().get(pk=host.pk)
+    if state == HostState.UP and host.state not in OPERATOR_STATES:
+        raise Conflict(
+            f"host {host.name} is {host.state}; only a draining or maintenance host "
+            "is returned to service",
+            details={"state": [host.state]},
+        )
+    if host.state == HostState.DOWN and state == HostState.DRAINING:
+        raise Conflict(f"host {host.name} is down", details={"state": [host.state]})
+    if host.state != state:
+        previous, host.state, host.state_reason = host.state, state, reason[:200]
+        host.save(update_fields=["state", "state_reason", "updated_at"])
+        audit.record(
+            "host.set_state", host, detail={"from": previous, "to": state, "reason": reason}
+        )
+    return host
+
+
+@transaction.atomic
+def host_ping(*, host: Host, actor=None):
+    """Ask the host's agent to answer: returns the operation that will hold its answer."""
+    operation = operation_create(kind="host.ping", target=host, created_by=actor, deadline_s=60)
+    audit.record("host.ping", host, detail={"operation": str(operation.pk)})
+    agents.send_to_host(host.name, PING_TASK, operation_id=str(operation.pk))
+    return operation

@@ -1,0 +1,38 @@
+"""The agent's own configuration, from the environment. No database, no secret key."""
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from controlplane.broker import EMBEDDED_BROKER_URL, transport_options
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    host: str  # KUMO_AGENT_HOST: the host's name in Kumo; its queue is host.<host>
+    broker_url: str  # CELERY_BROKER_URL: the controller's broker (default: embedded)
+    var_dir: Path  # KUMO_VAR_DIR: shared with the controller for the embedded broker
+    libvirt_uri: str  # KUMO_LIBVIRT_URI: qemu:///system, or test:///path/node.xml
+    heartbeat_s: float  # KUMO_HEARTBEAT_INTERVAL_S: seconds between heartbeats
+    concurrency: int  # KUMO_AGENT_CONCURRENCY: host tasks run at once
+
+    @property
+    def transport_options(self) -> dict:
+        return transport_options(self.broker_url, self.var_dir)
+
+    @classmethod
+    def from_env(cls, **overrides) -> "AgentConfig":
+        env = os.environ
+        values = {
+            "host": env.get("KUMO_AGENT_HOST") or socket.gethostname().split(".")[0],
+            "broker_url": env.get("CELERY_BROKER_URL") or EMBEDDED_BROKER_URL,
+            "var_dir": Path(env.get("KUMO_VAR_DIR", BASE_DIR / "var")).resolve(),
+            "libvirt_uri": env.get("KUMO_LIBVIRT_URI", "qemu:///system"),
+            "heartbeat_s": float(env.get("KUMO_HEARTBEAT_INTERVAL_S", "10")),
+            "concurrency": int(env.get("KUMO_AGENT_CONCURRENCY", "4")),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

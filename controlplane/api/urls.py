@@ -1,0 +1,61 @@
+"""/api/v1: every app's endpoints, on three routers.
+
+- ``project_router``: ``projects/{project_slug}/…``, tenant-owned, behind ProjectScopedViewSet.
+  The isolation test suite fails when an endpoint registered here has no isolation test.
+- ``admin_router``: ``admin/…``, operators only.
+- ``user_router``: the caller's own things and the project list.
+"""
+
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter, SimpleRouter
+
+from compute.api.views import OperatorHostViewSet
+from controlplane.api.views import (
+    OperatorAuditEventViewSet,
+    OperatorOperationViewSet,
+    ProjectAuditEventViewSet,
+    ProjectOperationViewSet,
+)
+from tenants.api.views import (
+    ApiTokenViewSet,
+    LoginView,
+    LogoutView,
+    MemberViewSet,
+    MeView,
+    OperatorProjectViewSet,
+    ProjectViewSet,
+    QuotaViewSet,
+    SSHKeyViewSet,
+)
+
+PROJECT = r"projects/(?P<project_slug>[^/.]+)"
+
+user_router = DefaultRouter()
+user_router.register("projects", ProjectViewSet, basename="project")
+user_router.register("user/ssh-keys", SSHKeyViewSet, basename="sshkey")
+user_router.register("user/tokens", ApiTokenViewSet, basename="token")
+
+project_router = SimpleRouter()
+project_router.register(f"{PROJECT}/members", MemberViewSet, basename="project-member")
+project_router.register(f"{PROJECT}/quota", QuotaViewSet, basename="project-quota")
+project_router.register(
+    f"{PROJECT}/audit-events", ProjectAuditEventViewSet, basename="project-auditevent"
+)
+project_router.register(
+    f"{PROJECT}/operations", ProjectOperationViewSet, basename="project-operation"
+)
+
+admin_router = SimpleRouter()
+admin_router.register("admin/projects", OperatorProjectViewSet, basename="admin-project")
+admin_router.register("admin/audit-events", OperatorAuditEventViewSet, basename="admin-auditevent")
+admin_router.register("admin/operations", OperatorOperationViewSet, basename="admin-operation")
+admin_router.register("admin/hosts", OperatorHostViewSet, basename="admin-host")
+
+urlpatterns = [
+    path("auth/login/", LoginView.as_view(), name="login"),
+    path("auth/logout/", LogoutView.as_view(), name="logout"),
+    path("user/", MeView.as_view(), name="me"),
+    path("", include(project_router.urls)),
+    path("", include(admin_router.urls)),
+    path("", include(user_router.urls)),
+]

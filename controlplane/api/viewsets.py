@@ -1,0 +1,130 @@
+"""The base views of the API. Isolation, roles, auditing and idempotency live here, once.
+
+- ``KumoViewMixin``: conventions of every API view (audit actor, Idempotency-Key on POST,
+  auditing of refused writes).
+- ``ProjectScopedViewSet``: every ``/api/v1/projects/{project_slug}/…`` endpoint. It resolves
+  the project through the caller's membership (no role, or a token scoped elsewhere: 404,
+  exactly like a missing project), checks the caller's role for the action (too low: 403),
+  and reads only through ``Model.objects.for_project(project)``. A view never filters by
+  project by hand.
+- ``OperatorViewSet``: ``/api/v1/admin/…``, staff only.
+"""
+
+from django.utils.functional import cached_property
+from rest_framework import mixins, permissions, viewsets
+from rest_framework.response import Response
+
+from controlplane import audit
+from controlplane.api import idempotency
+from controlplane.errors import NotFound, PermissionDenied
+from tenants.choices import Role
+from tenants.selectors import membership_for
+
+
+class KumoViewMixin:
+    #: names the object type in audit events of refused writes, e.g. "tenants.membership"
+    audit_object_type = ""
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        audit.set_actor(request.user)
+        if request.method == "POST" and idempotency.HEADER in request.headers:
+            handler = getattr(self, "post", None)
+            if handler is not None:
+                self.post = lambda req, *a, **kw: idempotency.run(handler, req, *a, **kw)
+
+    def audit_action_name(self) -> str | None:
+        action = getattr(self, "action", None)
+        if action and self.audit_object_type:
+            return f"{self.audit_object_type.split('.')[-1]}.{action}"
+        return None
+
+
+class ProjectRolePermission(permissions.BasePermission):
+    """The caller must hold at least the role the view asks for this action."""
+
+    def has_permission(self, request, view):
+        membership = view.membership  # raises NotFound when the caller has no role there
+        required = view.required_role()
+        if Role.at_least(membership.role, required):
+            return True
+        raise PermissionDenied(
+            f"your role in project {membership.project.slug} is {membership.role}; "
+            f"this needs {required} or above"
+        )
+
+
+class ProjectScopedViewSet(KumoViewMixin, viewsets.GenericViewSet):
+    """Base of every endpoint under ``/api/v1/projects/{project_slug}/``.
+
+    Subclasses set ``model`` (a ProjectOwnedModel) and may set ``read_role``,
+    ``write_role`` or per-action ``action_roles``.
+    """
+
+    model = None
+    read_role = Role.READER
+    write_role = Role.MEMBER
+    action_roles: dict[str, str] = {}
+    permission_classes = [permissions.IsAuthenticated, ProjectRolePermission]
+    lookup_value_regex = r"[^/]+"
+
+    @cached_property
+    def membership(self):
+        membership = membership_for(
+            self.request.user, self.kwargs.get("project_slug", ""), token=self.request.auth
+        )
+        if membership is None:
+            raise NotFound("Not found.")
+        self._project = membership.project
+        return membership
+
+    @property
+    def project(self):
+        return self.membership.project
+
+    def required_role(self) -> str:
+        if self.action in self.action_roles:
+            return self.action_roles[self.action]
+        return (
+            self.read_role if self.request.method in permissions.SAFE_METHODS else self.write_role
+        )
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no request
+            return self.model.objects.none()
+        return self.model.objects.for_project(self.project)
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False) and "project_slug" in self.kwargs:
+            context["project"] = self.project
+        return context
+
+
+class OperatorViewSet(KumoViewMixin, viewsets.GenericViewSet):
+    """Base of every endpoint under ``/api/v1/admin/``: staff only."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+
+class UserViewSet(KumoViewMixin, viewsets.GenericViewSet):
+    """Base of the caller's own things (``/api/v1/user/…``): SSH keys, tokens."""
+
+    model = None
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return self.model.objects.none()
+        return self.model.objects.filter(user=self.request.user)
+
+
+class ReadOnlyProjectViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectScopedViewSet
+):
+    pass
+
+
+def accepted(operation, serializer_class, request) -> Response:
+    """The answer to anything asynchronous: 202, the operation, and where to poll it."""
+    data = serializer_class(operation, context={"request": request}).data
+    return Response(data, status=202, headers={"Location": data["url"]})

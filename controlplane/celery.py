@@ -1,0 +1,31 @@
+"""The controller's Celery app: queue ``control``, periodic work for beat.
+
+Start the controller with ``celery -A controlplane.celery worker -Q control`` and beat with
+``celery -A controlplane.celery beat``. Host agents run a different, Django-free app
+(``controlplane.agent``) on their own queues.
+"""
+
+import os
+
+from celery import Celery
+
+from controlplane import metrics
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("kumo")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_publish_retry_policy = {
+    # A request never waits long on a dead broker: the reconcile re-issues what was lost.
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
+app.conf.beat_schedule = {
+    "reap-stuck-operations": {"task": "kumo.control.operations_reap", "schedule": 30.0},
+    "purge-idempotency-keys": {"task": "kumo.control.idempotency_purge", "schedule": 3600.0},
+    "check-host-heartbeats": {"task": "kumo.control.hosts_check", "schedule": 10.0},
+}
+app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])
+metrics.instrument_celery()

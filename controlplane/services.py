@@ -1,0 +1,107 @@
+"""Writes to operations: creating them, moving them on, finishing them, reaping stuck ones."""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane import audit
+from controlplane.choices import AuditOutcome, AuditSource, OperationState
+from controlplane.models import IdempotencyKey, Operation
+
+log = logging.getLogger(__name__)
+
+
+def operation_create(
+    *,
+    kind: str,
+    target,
+    project=None,
+    created_by=None,
+    deadline_s: int | None = None,
+) -> Operation:
+    """Record accepted asynchronous work. Call inside the transaction that asks for it, and
+    dispatch the work with ``transaction.on_commit`` so a worker never sees an uncommitted
+    operation."""
+    return Operation.objects.create(
+        kind=kind,
+        target_type=target._meta.label_lower,
+        target_id=str(target.pk),
+        project=project,
+        created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
+        deadline_at=timezone.now() + timedelta(seconds=deadline_s or settings.OPERATION_DEADLINE_S),
+    )
+
+
+def operation_start(*, operation_id) -> bool:
+    """pending → running; False when it already moved on (a repeated message)."""
+    return bool(
+        Operation.objects.filter(pk=operation_id, state=OperationState.PENDING).update(
+            state=OperationState.RUNNING, updated_at=timezone.now()
+        )
+    )
+
+
+@transaction.atomic
+def operation_finish(
+    *,
+    operation_id,
+    ok: bool,
+    result: dict | None = None,
+    error_code: str = "",
+    error_message: str = "",
+) -> Operation | None:
+    """Finish an operation once. A second report for a finished operation changes nothing
+    (messages can be delivered twice), and so does a report for an unknown id."""
+    now = timezone.now()
+    state = OperationState.SUCCEEDED if ok else OperationState.FAILED
+    updated = Operation.objects.filter(
+        pk=operation_id, state__in=[OperationState.PENDING, OperationState.RUNNING]
+    ).update(
+        state=state,
+        result=result or {},
+        error_code=error_code[:64],
+        error_message=error_message,
+        finished_at=now,
+        updated_at=now,
+    )
+    operation = Operation.objects.filter(pk=operation_id).first()
+    if updated and operation is not None:
+        with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+            audit.record(
+                f"{operation.kind}.finish",
+                operation,
+                project=operation.project,
+                outcome=AuditOutcome.SUCCESS if ok else AuditOutcome.FAILED,
+                detail={"error_code": error_code, "error": error_message[:500]} if not ok else {},
+            )
+    return operation
+
+
+def operations_reap(*, now=None) -> int:
+    """Fail every operation still unfinished past its deadline; returns how many."""
+    now = now or timezone.now()
+    stuck = Operation.objects.filter(
+        state__in=[OperationState.PENDING, OperationState.RUNNING], deadline_at__lt=now
+    ).values_list("pk", flat=True)
+    count = 0
+    for operation_id in list(stuck):
+        if operation_finish(
+            operation_id=operation_id,
+            ok=False,
+            error_code="deadline_exceeded",
+            error_message="no result before the deadline; the worker or host may be down",
+        ):
+            count += 1
+    if count:
+        log.warning("reaped %d stuck operations", count)
+    return count
+
+
+def idempotency_keys_purge(*, now=None) -> int:
+    now = now or timezone.now()
+    cutoff = now - timedelta(hours=settings.IDEMPOTENCY_TTL_H)
+    deleted, _ = IdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

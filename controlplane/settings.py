@@ -1,0 +1,277 @@
+"""Kumo's settings, all read from the environment with embedded defaults.
+
+Every setting says who reads it and what values it takes. With nothing set, Kumo runs on a
+SQLite file and a filesystem broker under ``var/``: no server needed. Production sets
+``DATABASE_URL=postgres://…`` and ``CELERY_BROKER_URL=redis://…`` and the same code runs.
+The host agent does not read this module: it has its own small configuration
+(``controlplane/agent/config.py``) with no database and no secret key.
+"""
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from controlplane.broker import CONTROL_QUEUE, EMBEDDED_BROKER_URL, transport_options
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# KUMO_VAR_DIR: where the embedded defaults keep their state (SQLite file, broker folders,
+# generated secret key, beat schedule). Read by this module and by `manage.py run`.
+VAR_DIR = Path(os.environ.get("KUMO_VAR_DIR", BASE_DIR / "var")).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once into var/secret_key."""
+    if key := os.environ.get("SECRET_KEY"):
+        return key
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        # O_EXCL so two processes starting at once agree on one key.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+# SECRET_KEY: signs sessions and CSRF tokens. Set it in production; unset, a random key is
+# generated into var/secret_key on first start and kept.
+SECRET_KEY = _secret_key()
+
+# DEBUG: "1" only on a developer's machine; off unless asked.
+DEBUG = env_bool("DEBUG")
+
+# ALLOWED_HOSTS: comma-separated host names the web process answers to.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+
+# CSRF_TRUSTED_ORIGINS: comma-separated origins (https://kumo.example.ac.jp) allowed to post
+# forms when Kumo sits behind a TLS-terminating proxy.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "axes",
+    "django_prometheus",
+    "controlplane",
+    "tenants",
+    "compute",
+    "network",
+    "storage",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "controlplane.audit.AuditContextMiddleware",
+    # Last, as django-axes asks: it turns a lock-out into a response.
+    "axes.middleware.AxesMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "controlplane" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# DATABASE_URL: postgres://user:pass@host:5432/name in production and CI; unset, a SQLite
+# file var/kumo.sqlite3. SQLite runs in WAL mode with IMMEDIATE transactions, so a write
+# transaction takes the write lock at BEGIN and concurrent writers queue instead of failing.
+DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'kumo.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# DATABASE_TEST_NAME: name of the throwaway database the test suite creates.
+if test_name := os.environ.get("DATABASE_TEST_NAME"):
+    DATABASES["default"]["TEST"] = {"NAME": test_name}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_USER_MODEL = "tenants.User"
+
+AUTHENTICATION_BACKENDS = [
+    # First, so a locked-out username/address never reaches the password check.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LOGIN_URL = "portal:login"
+LOGIN_REDIRECT_URL = "portal:home"
+LOGOUT_REDIRECT_URL = "portal:login"
+
+# Failed-login throttling (django-axes): KUMO_LOGIN_FAILURE_LIMIT failures for one username
+# from one address lock that pair out for KUMO_LOGIN_COOLOFF_MINUTES.
+AXES_FAILURE_LIMIT = int(os.environ.get("KUMO_LOGIN_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = int(os.environ.get("KUMO_LOGIN_COOLOFF_MINUTES", "15")) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "controlplane.api.errors.login_locked_out"
+AXES_VERBOSE = False
+# KUMO_TRUSTED_PROXY_COUNT: how many reverse proxies put addresses in X-Forwarded-For; the
+# client address for audit and throttling is taken that many hops from the right. 0 trusts
+# none and uses the socket address.
+TRUSTED_PROXY_COUNT = int(os.environ.get("KUMO_TRUSTED_PROXY_COUNT", "0"))
+AXES_CLIENT_IP_CALLABLE = "controlplane.audit.client_ip"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Served by whitenoise straight from the apps in development and tests.
+WHITENOISE_USE_FINDERS = True
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("KUMO_SECURE_COOKIES")
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.Pagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.KumoAutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Kumo API",
+    "DESCRIPTION": "The control plane of a multi-tenant research cloud.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"RoleEnum": "tenants.choices.Role"},
+}
+
+# --- Celery (read by controlplane/celery.py) -----------------------------------------------
+# CELERY_BROKER_URL: redis://host:6379/0 or amqp://… in production; unset, kombu's
+# filesystem transport under var/broker, which needs no server.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or EMBEDDED_BROKER_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = transport_options(CELERY_BROKER_URL, VAR_DIR)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = CONTROL_QUEUE
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+# CELERY_TASK_ALWAYS_EAGER: "1" runs control tasks in the calling process (some tests).
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER")
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# KUMO_HEARTBEAT_TIMEOUT_S: a host whose agent has not been heard from for this long is
+# marked down. Read by the controller's periodic host check.
+HOST_HEARTBEAT_TIMEOUT_S = int(os.environ.get("KUMO_HEARTBEAT_TIMEOUT_S", "60"))
+# KUMO_OPERATION_DEADLINE_S: an operation still pending or running this long after it was
+# created is marked failed by the reaper ("stuck"). Read by controlplane.tasks.
+OPERATION_DEADLINE_S = int(os.environ.get("KUMO_OPERATION_DEADLINE_S", "900"))
+# KUMO_IDEMPOTENCY_TTL_H: how long a stored Idempotency-Key response is replayed.
+IDEMPOTENCY_TTL_H = int(os.environ.get("KUMO_IDEMPOTENCY_TTL_H", "24"))
+# KUMO_SELF_SERVICE_PROJECTS: "1" lets any user create a project (they become its owner);
+# unset, projects are created by operators, as research clouds approve them.
+SELF_SERVICE_PROJECTS = env_bool("KUMO_SELF_SERVICE_PROJECTS")
+
+# KUMO_DEFAULT_QUOTA_*: the quota a new project starts with (operators change it later).
+DEFAULT_QUOTA = {
+    field: int(os.environ.get(f"KUMO_DEFAULT_QUOTA_{field.upper()}", default))
+    for field, default in {
+        "vcpus": 64,
+        "memory_gib": 256,
+        "gpus": 8,
+        "vms": 16,
+        "networks": 4,
+        "global_ips": 2,
+        "storage_gib": 1024,
+        "buckets": 4,
+    }.items()
+}
+
+# PROMETHEUS_MULTIPROC_DIR (read by prometheus_client): a folder shared by the web workers
+# and Celery workers of one machine so /metrics sums all of them. `manage.py run` sets it.
+PROMETHEUS_EXPORT_MIGRATIONS = False
+
+# KUMO_LOG_LEVEL: INFO by default; DEBUG for more.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("KUMO_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

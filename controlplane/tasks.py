@@ -1,0 +1,48 @@
+"""The controller's Celery tasks: thin, each loads by id and calls a service."""
+
+import logging
+from datetime import datetime
+
+from celery import shared_task
+
+from controlplane import agents, audit, services
+from controlplane.broker import AGENT_REPORT_TASK
+from controlplane.choices import AuditSource
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=AGENT_REPORT_TASK, acks_late=True, time_limit=60)
+def agent_report(*, host: str, kind: str, payload: dict, sent_at: str) -> None:
+    """A report from a host agent: dispatched to the handler registered for its kind.
+    An unknown kind is logged and dropped (an agent newer than its controller)."""
+    handler = agents.handler_for(kind)
+    if handler is None:
+        log.warning("host %s sent a report of unknown kind %r; dropped", host, kind)
+        return
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        handler(host=host, payload=payload, sent_at=datetime.fromisoformat(sent_at))
+
+
+@shared_task(name="kumo.control.operations_reap", acks_late=True, time_limit=120)
+def operations_reap() -> int:
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return services.operations_reap()
+
+
+@shared_task(name="kumo.control.idempotency_purge", acks_late=True, time_limit=300)
+def idempotency_purge() -> int:
+    return services.idempotency_keys_purge()
+
+
+def _operation_result(*, host: str, payload: dict, sent_at) -> None:
+    services.operation_finish(
+        operation_id=payload["operation_id"],
+        ok=bool(payload.get("ok")),
+        result=payload.get("result") or {},
+        error_code=payload.get("error_code", ""),
+        error_message=payload.get("error_message", ""),
+    )
+
+
+agents.register_report("operation.result", _operation_result)

@@ -1,0 +1,23 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import health
+
+handler404 = "controlplane.api.errors.json_404"
+handler500 = "controlplane.api.errors.json_500"
+
+urlpatterns = [
+    path("api/v1/", include(("controlplane.api.urls", "api"), namespace="api")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("admin/", admin.site.urls),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("", include("django_prometheus.urls")),
+    path("", include("controlplane.portal.urls")),
+]
+
+admin.site.site_header = "Kumo operations"
+admin.site.site_title = "Kumo admin"
+admin.site.index_title = "Research cloud control plane"

@@ -1,0 +1,56 @@
+"""Quota usage and the atomic quota check.
+
+Usage is counted from what exists: each app registers, per quota resource, a function that
+counts a project's use (compute counts VMs, vCPUs, memory and GPUs; network counts networks
+and global IPs; storage counts GiB and buckets). Nothing stores a running total, so nothing
+can drift.
+
+``check()`` is the claim point: called inside the transaction that creates the object, it
+locks the project's quota row first, so two concurrent creates in one project queue behind
+each other and the second one counts the first.
+"""
+
+from collections.abc import Callable
+
+from django.db import transaction
+
+from controlplane.errors import QuotaExceeded
+from tenants.models import Project, Quota
+
+UsageCounter = Callable[[Project], int]
+_counters: dict[str, list[UsageCounter]] = {name: [] for name in Quota.RESOURCES}
+
+
+def register_usage(resource: str, counter: UsageCounter) -> None:
+    """Register ``counter(project) -> int`` as a part of ``resource``'s usage."""
+    if resource not in _counters:
+        raise ValueError(f"unknown quota resource {resource!r}; known: {', '.join(_counters)}")
+    if counter not in _counters[resource]:
+        _counters[resource].append(counter)
+
+
+def usage(project: Project) -> dict[str, int]:
+    """What the project uses now, per quota resource."""
+    return {name: sum(count(project) for count in counters) for name, counters in _counters.items()}
+
+
+def check(project: Project, **requested: int) -> Quota:
+    """Lock the project's quota and raise QuotaExceeded unless ``requested`` fits.
+
+    Must run inside the transaction that then creates the objects; returns the locked quota.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("quotas.check() must run inside the creating transaction")
+    quota = Quota.objects.select_for_update().get(project=project)
+    in_use = usage(project)
+    for resource, amount in requested.items():
+        limit = getattr(quota, resource)
+        if in_use[resource] + amount > limit:
+            raise QuotaExceeded(
+                f"quota exceeded for {resource}: limit {limit}, in use {in_use[resource]}, "
+                f"requested {amount}",
+                details={
+                    resource: [f"limit {limit}, in use {in_use[resource]}, requested {amount}"]
+                },
+            )
+    return quota

@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""`make test`: find PostgreSQL and Redis, say what runs where and what is skipped, run pytest.
+
+- DATABASE_URL set: used as is. Unset: PostgreSQL on 127.0.0.1:5432 (user postgres) when it
+  answers, else the embedded SQLite default, and the PostgreSQL-only tests skip with the reason.
+- KUMO_TEST_REDIS_URL set: used. Unset: redis://127.0.0.1:6379/15 when it answers; the
+  Redis broker tests skip otherwise. The embedded filesystem broker is always tested.
+- In CI (CI=true) a missing PostgreSQL or Redis is an error, not a skip: CI must test the
+  production stack.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def main() -> int:
+    env = dict(os.environ)
+    in_ci = env.get("CI", "").lower() in ("1", "true", "yes")
+    notes, missing = [], []
+
+    if not env.get("DATABASE_URL"):
+        if answers("127.0.0.1", 5432):
+            env["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/kumo"
+        else:
+            missing.append("PostgreSQL (nothing answers on 127.0.0.1:5432)")
+    db = env.get("DATABASE_URL", "sqlite (embedded default)")
+    notes.append(f"database: {db.split('@')[-1] if '@' in db else db}")
+
+    if not env.get("KUMO_TEST_REDIS_URL"):
+        if answers("127.0.0.1", 6379):
+            env["KUMO_TEST_REDIS_URL"] = "redis://127.0.0.1:6379/15"
+        else:
+            missing.append("Redis (nothing answers on 127.0.0.1:6379)")
+    notes.append(f"redis broker tests: {env.get('KUMO_TEST_REDIS_URL', 'skipped')}")
+
+    # The suite's own state (SQLite file, broker folders, secret) lives in a throwaway folder.
+    env.setdefault("KUMO_VAR_DIR", tempfile.mkdtemp(prefix="kumo-test-"))
+    env.setdefault("DATABASE_TEST_NAME", "test_kumo")
+
+    print("kumo test run: " + "; ".join(notes), flush=True)
+    for item in missing:
+        print(f"  not available, its tests are skipped: {item}", flush=True)
+    if missing and in_ci:
+        print("CI must run on PostgreSQL and Redis: failing.", file=sys.stderr)
+        return 2
+
+    cmd = [sys.executable, "-m", "pytest", *sys.argv[1:]]
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
