@@ -7,6 +7,8 @@
   Redis broker tests skip otherwise. The embedded filesystem broker is always tested.
 - In CI (CI=true) a missing PostgreSQL or Redis is an error, not a skip: CI must test the
   production stack.
+- When the main run used PostgreSQL, a second, short run checks the embedded defaults that
+  `make run` uses: the tests marked ``embedded`` or ``e2e`` on SQLite and the filesystem broker.
 """
 
 import os
@@ -59,7 +61,20 @@ def main() -> int:
         return 2
 
     cmd = [sys.executable, "-m", "pytest", *sys.argv[1:]]
-    return subprocess.call(cmd, cwd=ROOT, env=env)
+    status = subprocess.call(cmd, cwd=ROOT, env=env)
+    if status != 0 or sys.argv[1:] or not env.get("DATABASE_URL", "").startswith("postgres"):
+        return status
+
+    print("\nkumo test run: embedded defaults (SQLite, filesystem broker)", flush=True)
+    embedded = dict(env)
+    embedded["KUMO_VAR_DIR"] = tempfile.mkdtemp(prefix="kumo-test-embedded-")
+    embedded["DATABASE_URL"] = f"sqlite:///{embedded['KUMO_VAR_DIR']}/kumo.sqlite3"
+    embedded.pop("KUMO_TEST_REDIS_URL", None)
+    return subprocess.call(
+        [sys.executable, "-m", "pytest", "-m", "embedded or e2e", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=embedded,
+    )
 
 
 if __name__ == "__main__":

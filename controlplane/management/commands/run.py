@@ -1,0 +1,118 @@
+"""``manage.py run`` (what ``make run`` calls): the whole Kumo topology on one machine.
+
+Migrates, bootstraps the demo data, then starts and supervises: the web process (gunicorn),
+the controller (Celery on queue ``control``), beat, and one host agent per simulated host
+(Celery on ``host.<name>``). Ctrl-C stops every process. On the embedded defaults it needs no
+server at all; set DATABASE_URL and CELERY_BROKER_URL to run it on PostgreSQL and Redis.
+"""
+
+import os
+import shutil
+import sys
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from honcho.manager import Manager
+from honcho.printer import Printer
+
+DEFAULT_HOSTS = "gpu-01,gpu-02,cpu-01"
+
+
+def topology(python: str, *, bind: str, hosts: list[str]) -> dict[str, list[str]]:
+    """The processes of one Kumo machine: name -> argv."""
+    celery = [python, "-m", "celery", "-A", "controlplane.celery"]
+    processes = {
+        "web": [
+            python, "-m", "gunicorn", "controlplane.wsgi:application",
+            "--bind", bind, "--workers", "2", "--access-logfile", "-",
+        ],
+        "controller": [
+            *celery, "worker", "--queues", "control", "--hostname", "controller@%h",
+            "--pool", "threads", "--concurrency", "4", "--without-gossip", "--without-mingle",
+            "--loglevel", "INFO",
+        ],
+        "beat": [
+            *celery, "beat", "--schedule", str(settings.VAR_DIR / "celerybeat-schedule"),
+            "--loglevel", "INFO",
+        ],
+    }  # fmt: skip
+    for host in hosts:
+        # Simulated hosts: libvirt's own test driver, no daemon. Compute gives each host a
+        # node description with its GPUs; until then the driver's default node serves.
+        processes[f"agent-{host}"] = [
+            python, "-m", "controlplane.agent", "--host", host,
+            "--libvirt-uri", os.environ.get("KUMO_SIM_LIBVIRT_URI", "test:///default"),
+        ]  # fmt: skip
+    return processes
+
+
+class Command(BaseCommand):
+    help = __doc__.splitlines()[0]
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=os.environ.get("KUMO_BIND", "127.0.0.1:8000"))
+        parser.add_argument(
+            "--hosts",
+            default=os.environ.get("KUMO_SIM_HOSTS", DEFAULT_HOSTS),
+            help="simulated hosts, comma-separated (default: %(default)s)",
+        )
+
+    def handle(self, *args, bind, hosts, **options):
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write("database migrated")
+        bootstrap = _Capture()
+        call_command("bootstrap", stdout=bootstrap)
+
+        env = dict(os.environ)
+        env["KUMO_VAR_DIR"] = str(settings.VAR_DIR)
+        metrics_dir = settings.VAR_DIR / "metrics"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+
+        host_list = [h.strip() for h in hosts.split(",") if h.strip()]
+        base = f"http://{bind}"
+        self.stdout.write(
+            "\n".join(
+                [
+                    "",
+                    f"  Portal        {base}/",
+                    f"  API           {base}/api/v1/   (docs {base}/api/docs/)",
+                    f"  Admin console {base}/admin/",
+                    f"  Metrics       {base}/metrics   health {base}/healthz {base}/readyz",
+                    f"  Database      {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
+                    f"   broker {settings.CELERY_BROKER_URL.split('@')[-1]}",
+                    f"  Hosts         {', '.join(host_list) or 'none'} (simulated)",
+                    "",
+                    *("  " + line for line in bootstrap.lines),
+                    "",
+                    "  Ctrl-C stops everything.",
+                    "",
+                ]
+            )
+        )
+        self.stdout.flush()
+
+        manager = Manager(Printer(sys.stdout))
+        for name, argv in topology(sys.executable, bind=bind, hosts=host_list).items():
+            manager.add_process(name, " ".join(_quote(a) for a in argv), env=env)
+        manager.loop()
+        sys.exit(manager.returncode)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+class _Capture:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write(self, text):
+        self.lines.extend(line for line in text.splitlines() if line)
+
+    def flush(self):
+        pass
