@@ -25,9 +25,13 @@ class KumoViewMixin:
     #: names the object type in audit events of refused writes, e.g. "tenants.membership"
     audit_object_type = ""
 
+    def perform_authentication(self, request):
+        # Before the permission checks, so a refused write is audited under its actor.
+        super().perform_authentication(request)
+        audit.set_actor(request.user)
+
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        audit.set_actor(request.user)
         if request.method == "POST" and idempotency.HEADER in request.headers:
             handler = getattr(self, "post", None)
             if handler is not None:
