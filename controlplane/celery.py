@@ -26,6 +26,7 @@ app.conf.beat_schedule = {
     "reap-stuck-operations": {"task": "kumo.control.operations_reap", "schedule": 30.0},
     "purge-idempotency-keys": {"task": "kumo.control.idempotency_purge", "schedule": 3600.0},
     "check-host-heartbeats": {"task": "kumo.control.hosts_check", "schedule": 10.0},
+    "expire-projects": {"task": "kumo.control.projects_expire", "schedule": 3600.0},
 }
 app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])
 metrics.instrument_celery()

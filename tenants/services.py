@@ -418,3 +418,19 @@ def token_touch(*, token: ApiToken, now: datetime, every_s: int = 60) -> None:
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() >= every_s:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
+
+
+def projects_expire(*, today: date | None = None) -> list[str]:
+    """Mark expired every active project whose validity ended before ``today``; returns their
+    slugs. What happens to their resources is reclamation's business."""
+    today = today or timezone.localdate()
+    slugs = []
+    due = Project.objects.filter(status=ProjectStatus.ACTIVE, valid_until__lt=today)
+    for project in due:
+        project_set_status(
+            project=project,
+            status=ProjectStatus.EXPIRED,
+            reason=f"valid until {project.valid_until}",
+        )
+        slugs.append(project.slug)
+    return slugs
