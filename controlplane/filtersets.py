@@ -1,7 +1,27 @@
+import datetime
+
 import django_filters
+from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from controlplane.choices import AuditOutcome, AuditSource, OperationState
 from controlplane.models import AuditEvent, Operation
+
+
+class _UTCDateTimeField(IsoDateTimeField):
+    def to_python(self, value):
+        value = super().to_python(value)
+        try:
+            return value.astimezone(datetime.UTC) if value is not None else None
+        except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid") from None
+
+
+class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 date-time, handed to the database in UTC: PostgreSQL refuses the offsets
+    beyond ±15:59 that ISO 8601 and Python allow."""
+
+    field_class = _UTCDateTimeField
 
 
 class AuditEventFilterSet(django_filters.FilterSet):
@@ -11,8 +31,8 @@ class AuditEventFilterSet(django_filters.FilterSet):
     outcome = django_filters.ChoiceFilter(choices=AuditOutcome.choices)
     object_type = django_filters.CharFilter()
     object_id = django_filters.CharFilter()
-    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt")
+    since = UTCDateTimeFilter(field_name="at", lookup_expr="gte")
+    until = UTCDateTimeFilter(field_name="at", lookup_expr="lt")
     project = django_filters.CharFilter(field_name="project_slug")
 
     class Meta:

@@ -47,13 +47,13 @@ def parse_public_key(text: str) -> ParsedKey:
         raise InvalidSSHKey("the key is empty")
     if len(text) > MAX_KEY_LENGTH:
         raise InvalidSSHKey(f"the key is longer than {MAX_KEY_LENGTH} characters")
-    if "\n" in text or "\r" in text:
-        raise InvalidSSHKey("paste exactly one key, on one line")
-    if text.startswith("-----BEGIN"):
+    if text.startswith("-----BEGIN"):  # before the one-line check: a PEM block has many
         raise InvalidSSHKey(
             "this is a PEM block, maybe a private key; paste the public key "
             "(the .pub file, starting with ssh-ed25519 or ssh-rsa)"
         )
+    if "\n" in text or "\r" in text:
+        raise InvalidSSHKey("paste exactly one key, on one line")
     parts = text.split(None, 2)
     declared = parts[0]
     if declared in _REFUSED_TYPES:

@@ -32,10 +32,19 @@ class KumoViewMixin:
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        if request.method == "POST" and idempotency.HEADER in request.headers:
+        # Keys are kept per user: an anonymous POST (the login) has no one to keep them for.
+        keyed = idempotency.HEADER in request.headers and request.user.is_authenticated
+        if request.method == "POST" and keyed:
             handler = getattr(self, "post", None)
             if handler is not None:
                 self.post = lambda req, *a, **kw: idempotency.run(handler, req, *a, **kw)
+
+    def filter_queryset(self, queryset):
+        # Filters and ordering choose among a list; an object's URL already names it. (DRF
+        # would otherwise build a FilterSet for every detail request, half its cost.)
+        if getattr(self, "action", None) != "list":
+            return queryset
+        return super().filter_queryset(queryset)
 
     def audit_action_name(self) -> str | None:
         action = getattr(self, "action", None)

@@ -1,4 +1,4 @@
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from tenants.choices import ProjectStatus, Role
@@ -76,6 +76,15 @@ class OperatorProjectSerializer(ProjectSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
 
+class OperatorProjectUpdateSerializer(OperatorProjectSerializer):
+    """A project keeps its slug, and changes owners through the members endpoint."""
+
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta(OperatorProjectSerializer.Meta):
+        read_only_fields = [*OperatorProjectSerializer.Meta.read_only_fields, "slug"]
+
+
 class MembershipSerializer(serializers.ModelSerializer):
     user = UserBriefSerializer(read_only=True)
 
@@ -100,6 +109,7 @@ class QuotaLineSerializer(serializers.Serializer):
     available = serializers.IntegerField()
 
 
+@extend_schema_serializer(many=False)  # also where a list action answers it (quota)
 class QuotaReportSerializer(serializers.Serializer):
     """Per resource: limit, what is used now (counted from what exists), what is left."""
 

@@ -184,11 +184,13 @@ class MemberViewSet(
 
     @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
     def partial_update(self, request, *args, **kwargs):
-        data = s.MembershipUpdateSerializer(data=request.data)
+        data = s.MembershipUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
-        membership = services.membership_update(
-            membership=self.get_object(), role=data.validated_data["role"], actor=request.user
-        )
+        membership = self.get_object()
+        if "role" in data.validated_data:  # a PATCH changes only what it names
+            membership = services.membership_update(
+                membership=membership, role=data.validated_data["role"], actor=request.user
+            )
         return Response(s.MembershipSerializer(membership).data)
 
     def perform_destroy(self, instance):
@@ -199,6 +201,8 @@ class QuotaViewSet(ProjectScopedViewSet):
     """The project's quota: per resource, the limit, what is in use and what is left."""
 
     model = Project
+    pagination_class = None  # one report: neither paged nor filtered
+    filter_backends = []
 
     @extend_schema(responses=s.QuotaReportSerializer)
     def list(self, request, *args, **kwargs):
@@ -251,6 +255,10 @@ class ApiTokenViewSet(
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        scoped = selectors.token_project_id(request.auth)
+        wanted = serializer.validated_data.get("project")
+        if scoped is not None and (wanted is None or wanted.pk != scoped):
+            raise PermissionDenied("a token scoped to one project can only make tokens for it")
         token, secret = services.token_create(user=request.user, **serializer.validated_data)
         data = s.ApiTokenCreatedSerializer(token, context=self.get_serializer_context()).data
         data["token"] = secret
@@ -289,14 +297,24 @@ class OperatorProjectViewSet(
             project = services.project_set_status(project=project, status=status_)
         serializer.instance = project
 
+    def get_serializer_class(self):
+        if self.action in ("update", "partial_update"):
+            return s.OperatorProjectUpdateSerializer
+        return s.OperatorProjectSerializer
+
     def perform_update(self, serializer):
         data = dict(serializer.validated_data)
         status_ = data.pop("status", None)
-        if "owner" in data or "slug" in data:
+        # Read-only here (so a PUT of what GET returned works), but asking to change them is
+        # answered, not ignored.
+        asked, project = self.request.data, serializer.instance
+        if asked.get("owner", project.owner.username) != project.owner.username:
             raise serializers.ValidationError(
                 {"owner": "change owners through the members endpoint"}
             )
-        project = services.project_update(project=serializer.instance, **data)
+        if asked.get("slug", project.slug) != project.slug:
+            raise serializers.ValidationError({"slug": "a project's slug does not change"})
+        project = services.project_update(project=project, **data)
         if status_:
             project = services.project_set_status(project=project, status=status_)
         serializer.instance = project
