@@ -18,7 +18,7 @@ from controlplane import audit
 from controlplane.api import idempotency
 from controlplane.errors import NotFound, PermissionDenied
 from tenants.choices import Role
-from tenants.selectors import membership_for
+from tenants.selectors import membership_for, token_project_id
 
 
 class KumoViewMixin:
@@ -121,9 +121,20 @@ class OperatorViewSet(KumoViewMixin, viewsets.GenericViewSet):
 
 
 class UserViewSet(KumoViewMixin, viewsets.GenericViewSet):
-    """Base of the caller's own things (``/api/v1/user/…``): SSH keys, tokens."""
+    """Base of the caller's own things (``/api/v1/user/…``): SSH keys, tokens.
+
+    These reach across all the caller's projects, so a token scoped to one project reads
+    them but changes them only where a subclass allows it (``scoped_token_may_write``).
+    """
 
     model = None
+    scoped_token_may_write = False
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        unsafe = request.method not in permissions.SAFE_METHODS
+        if unsafe and not self.scoped_token_may_write and token_project_id(request.auth):
+            raise PermissionDenied("a token scoped to one project cannot change your account")
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):

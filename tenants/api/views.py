@@ -246,6 +246,7 @@ class ApiTokenViewSet(
 
     model = ApiToken
     serializer_class = s.ApiTokenSerializer
+    scoped_token_may_write = True  # for its own project only: checked in create()
     audit_object_type = "tenants.apitoken"
 
     def get_queryset(self):
@@ -265,6 +266,9 @@ class ApiTokenViewSet(
         return Response(data, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
+        scoped = selectors.token_project_id(self.request.auth)
+        if scoped is not None and instance.project_id != scoped:
+            raise PermissionDenied("a token scoped to one project can only revoke tokens for it")
         services.token_revoke(token=instance)
 
 

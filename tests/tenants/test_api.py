@@ -483,3 +483,38 @@ def test_membership_count_unchanged_by_refused_member_writes(client_for, users_b
     reader = client_for(users_by_role[Role.READER])
     assert reader.post(members_url(project), {"user": UserFactory().username}).status_code == 403
     assert Membership.objects.filter(project=project).count() == before
+
+
+def test_a_scoped_token_reads_but_does_not_change_the_accounts_ssh_keys(client_for, project):
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from tests.tenants.test_sshkeys import _openssh_public
+
+    def ed25519_line():
+        return _openssh_public(ed25519.Ed25519PrivateKey.generate(), "laptop")
+
+    scoped = client_for(project.owner, project)
+    assert scoped.get("/api/v1/user/ssh-keys/").status_code == 200
+    response = scoped.post("/api/v1/user/ssh-keys/", {"public_key": ed25519_line()}, format="json")
+    assert response.status_code == 403
+    assert "scoped to one project" in response.json()["message"]
+    assert (
+        client_for(project.owner)
+        .post("/api/v1/user/ssh-keys/", {"public_key": ed25519_line()}, format="json")
+        .status_code
+        == 201
+    )
+
+
+def test_a_scoped_token_revokes_only_tokens_of_its_project(client_for, project):
+    from tenants.models import ApiToken
+
+    owner = project.owner
+    scoped = client_for(owner, project)
+    client_for(owner)  # an unscoped token of the same user
+    unscoped_token = ApiToken.objects.get(user=owner, project=None)
+    own_token = ApiToken.objects.filter(user=owner, project=project).first()
+    assert scoped.delete(f"/api/v1/user/tokens/{unscoped_token.pk}/").status_code == 403
+    assert scoped.delete(f"/api/v1/user/tokens/{own_token.pk}/").status_code == 204
+    unscoped_token.refresh_from_db()
+    assert unscoped_token.revoked_at is None
