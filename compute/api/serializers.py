@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from compute.choices import HostState
 from compute.models import Host
+from controlplane.api import fields
 
 
 class HostSerializer(serializers.ModelSerializer):
@@ -28,4 +29,4 @@ class HostStateSerializer(serializers.Serializer):
     state = serializers.ChoiceField(
         choices=[HostState.UP, HostState.DRAINING, HostState.MAINTENANCE]
     )
-    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    reason = fields.CharField(max_length=200, required=False, allow_blank=True, default="")

@@ -9,13 +9,15 @@ class Pagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 500
+    last_page_strings = ()  # DRF's ?page=last: not in the schema, which says a number
 
-    def get_page_size(self, request):
-        # DRF quietly ignores a page_size that is not a number; say so instead.
-        raw = request.query_params.get(self.page_size_query_param)
-        if raw is not None:
-            try:
-                int(raw)
-            except ValueError:
-                raise InvalidInput.field(self.page_size_query_param, "not an integer") from None
-        return super().get_page_size(request)
+    def paginate_queryset(self, queryset, request, view=None):
+        # DRF quietly ignores a page or page_size that is not a number; say so instead.
+        for param in (self.page_query_param, self.page_size_query_param):
+            raw = request.query_params.get(param)
+            if raw is not None:
+                try:
+                    int(raw)
+                except ValueError:
+                    raise InvalidInput.field(param, "not an integer") from None
+        return super().paginate_queryset(queryset, request, view)

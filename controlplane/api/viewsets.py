@@ -31,6 +31,10 @@ class KumoViewMixin:
         audit.set_actor(request.user)
 
     def initial(self, request, *args, **kwargs):
+        # A name with a NUL character names nothing, like a path the URLs don't match (and
+        # PostgreSQL refuses to even look it up).
+        if any("\x00" in str(value) for value in kwargs.values()):
+            raise NotFound("Not found.")
         super().initial(request, *args, **kwargs)
         # Keys are kept per user: an anonymous POST (the login) has no one to keep them for.
         keyed = idempotency.HEADER in request.headers and request.user.is_authenticated

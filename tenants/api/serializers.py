@@ -1,6 +1,7 @@
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from controlplane.api import fields
 from tenants.choices import ProjectStatus, Role
 from tenants.models import ApiToken, Membership, Project, Quota, SSHKey, User, slug_validator
 
@@ -19,7 +20,7 @@ class MeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ProjectSerializer(serializers.ModelSerializer):
+class ProjectSerializer(fields.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(
         view_name="api:project-detail", lookup_field="slug", lookup_url_kwarg="project_slug"
     )
@@ -68,7 +69,7 @@ class OperatorProjectSerializer(ProjectSerializer):
     url = serializers.HyperlinkedIdentityField(
         view_name="api:admin-project-detail", lookup_field="slug"
     )
-    owner = serializers.SlugRelatedField(slug_field="username", queryset=User.objects.all())
+    owner = fields.SlugRelatedField(slug_field="username", queryset=User.objects.all())
     status = serializers.ChoiceField(choices=ProjectStatus.choices, required=False)
 
     class Meta(ProjectSerializer.Meta):
@@ -95,7 +96,7 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipCreateSerializer(serializers.Serializer):
-    user = serializers.CharField(max_length=254, help_text="username or email address")
+    user = fields.CharField(max_length=254, help_text="username or email address")
     role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
 
 
@@ -132,7 +133,7 @@ class QuotaLimitsSerializer(serializers.ModelSerializer):
         }
 
 
-class SSHKeySerializer(serializers.ModelSerializer):
+class SSHKeySerializer(fields.ModelSerializer):
     class Meta:
         model = SSHKey
         fields = [
@@ -153,8 +154,8 @@ class SSHKeySerializer(serializers.ModelSerializer):
         validators = []  # uniqueness is the service's 409
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
-    project = serializers.SlugRelatedField(
+class ApiTokenSerializer(fields.ModelSerializer):
+    project = fields.SlugRelatedField(
         slug_field="slug", queryset=Project.objects.none(), required=False, allow_null=True
     )
 
@@ -189,5 +190,5 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 
 
 class LoginSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    password = serializers.CharField(max_length=4096, style={"input_type": "password"})
+    username = fields.CharField(max_length=150)
+    password = fields.CharField(max_length=4096, style={"input_type": "password"})
