@@ -1,0 +1,28 @@
+"""Host-side hypervisor drivers.
+
+Everything in this package runs inside the host agent, which has no Django: modules here must
+not import Django, models or settings. Callers pass frozen dataclasses from ``base`` in and get
+frozen dataclasses back.
+"""
+
+from compute.drivers.base import (
+    DiskSpec,
+    DriverError,
+    GuestNotFound,
+    GuestSpec,
+    GuestState,
+    HypervisorDriver,
+    PciAddress,
+    PowerState,
+)
+
+__all__ = [
+    "DiskSpec",
+    "DriverError",
+    "GuestNotFound",
+    "GuestSpec",
+    "GuestState",
+    "HypervisorDriver",
+    "PciAddress",
+    "PowerState",
+]

@@ -1,0 +1,198 @@
+"""The hypervisor driver contract.
+
+A driver makes one host's hypervisor match what the control plane asked for. Every operation
+is an idempotent ``ensure_*``: calling it again after success, or after a crash half-way, is
+safe and converges on the same result. Work is keyed on ``(vm_id, generation)``: the driver
+records the generation it applied inside the guest's definition, so after any error or
+restart the agent can resync from ``list_guests()`` instead of trusting its own memory.
+
+Only frozen dataclasses cross this boundary, never Django models: the host agent runs this
+code without Django.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import re
+from dataclasses import dataclass
+
+_VM_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_PCI_RE = re.compile(
+    r"^(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):"
+    r"(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
+)
+
+
+class DriverError(Exception):
+    """The hypervisor refused or failed an operation. ``code`` is the backend's own error
+    code when it has one (libvirt's ``VIR_ERR_*``), for logs; callers branch on the type."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GuestNotFound(DriverError):
+    """The operation needs a defined guest and there is none with this vm_id."""
+
+
+class PowerState(enum.Enum):
+    """Observed power state, as the hypervisor reports it (not the control plane's vm state
+    or task state, which are separate fields)."""
+
+    RUNNING = "running"
+    SHUTOFF = "shutoff"
+    PAUSED = "paused"
+    CRASHED = "crashed"
+    UNKNOWN = "unknown"
+
+
+def validate_vm_id(vm_id: str) -> str:
+    """Return ``vm_id`` if it is safe inside a domain name, else raise ``ValueError``."""
+    if not _VM_ID_RE.match(vm_id):
+        raise ValueError(f"invalid vm_id {vm_id!r}: want 1-63 of [A-Za-z0-9_.-]")
+    return vm_id
+
+
+@dataclass(frozen=True, order=True)
+class PciAddress:
+    """A PCI function on the host, e.g. ``0000:3b:00.0``."""
+
+    domain: int
+    bus: int
+    slot: int
+    function: int
+
+    def __post_init__(self) -> None:
+        limits = {"domain": 0xFFFF, "bus": 0xFF, "slot": 0x1F, "function": 0x7}
+        for field, limit in limits.items():
+            value = getattr(self, field)
+            if not 0 <= value <= limit:
+                raise ValueError(f"PCI {field} {value:#x} out of range 0..{limit:#x}")
+
+    @classmethod
+    def parse(cls, text: str) -> PciAddress:
+        """Parse ``DDDD:BB:SS.F`` (the domain may be left out and then is 0)."""
+        match = _PCI_RE.match(text.strip())
+        if match is None:
+            raise ValueError(f"not a PCI address: {text!r}")
+        return cls(
+            domain=int(match["domain"] or "0", 16),
+            bus=int(match["bus"], 16),
+            slot=int(match["slot"], 16),
+            function=int(match["function"], 16),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.domain:04x}:{self.bus:02x}:{self.slot:02x}.{self.function:x}"
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    """A block device backed by a file or block device already present on the host."""
+
+    source: str
+    target_dev: str = "vda"
+    format: str = "qcow2"
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    """What one guest should look like at one generation.
+
+    ``numa_cell``, when set, confines vCPUs and memory to that host NUMA cell (the cell the
+    GPUs hang off); ``gpus`` are passed through whole with VFIO.
+    """
+
+    vm_id: str
+    generation: int
+    name: str
+    vcpus: int
+    memory_mib: int
+    numa_cell: int | None = None
+    gpus: tuple[PciAddress, ...] = ()
+    disks: tuple[DiskSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_vm_id(self.vm_id)
+        if self.generation < 1:
+            raise ValueError("generation starts at 1")
+        if self.vcpus < 1 or self.memory_mib < 1:
+            raise ValueError("vcpus and memory_mib must be positive")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("a GPU is listed twice")
+
+
+@dataclass(frozen=True)
+class GuestState:
+    """One Kumo guest as observed on the host. ``generation`` is the generation of the
+    persistent definition (what the guest boots with next)."""
+
+    vm_id: str
+    generation: int
+    power: PowerState
+
+
+class HypervisorDriver(abc.ABC):
+    """One host's hypervisor, seen through idempotent operations.
+
+    Guarantees shared by every implementation (checked by
+    ``tests/compute/test_driver_contract.py``):
+
+    * Every ``ensure_*`` may be repeated; a repeat after success changes nothing.
+    * "Already running", "not running" and "not found" are success wherever the operation's
+      goal is already met; they never surface as errors.
+    * Failures raise ``DriverError`` (``GuestNotFound`` when a guest is required and missing);
+      backend exceptions never leak.
+    * Guests without Kumo metadata are invisible and untouched.
+    """
+
+    @abc.abstractmethod
+    def ensure_defined(self, spec: GuestSpec) -> GuestState:
+        """Make the persistent definition of ``spec.vm_id`` match ``spec``; return the guest.
+
+        Defining the generation already recorded changes nothing (even if ``spec`` differs:
+        a generation is immutable). A newer generation replaces the definition; a running
+        guest keeps running and boots with the new definition at its next start. An older
+        generation than the recorded one is stale and changes nothing; the returned state
+        shows the generation actually in place. A same-named guest without Kumo metadata is
+        never overwritten (``DriverError``). A ``numa_cell`` the host lacks is a
+        ``DriverError``.
+        """
+
+    @abc.abstractmethod
+    def ensure_running(self, vm_id: str) -> GuestState:
+        """Start (or resume) the guest; a running guest is left alone.
+
+        Raises ``GuestNotFound`` if it is not defined, ``DriverError`` if it cannot start.
+        """
+
+    @abc.abstractmethod
+    def ensure_stopped(self, vm_id: str, *, graceful_timeout_s: float) -> GuestState:
+        """Power the guest off: ask the guest OS to shut down, wait up to
+        ``graceful_timeout_s``, then force it off. A guest already off is left alone; a
+        paused or crashed guest is forced off at once. The definition stays.
+
+        Raises ``GuestNotFound`` if it is not defined.
+        """
+
+    @abc.abstractmethod
+    def ensure_absent(self, vm_id: str) -> None:
+        """Force the guest off and remove its definition. A guest that does not exist is
+        success. Disks' backing files are not touched (storage owns them)."""
+
+    @abc.abstractmethod
+    def get_guest(self, vm_id: str) -> GuestState:
+        """The observed state of one guest; ``GuestNotFound`` if it is not defined."""
+
+    @abc.abstractmethod
+    def list_guests(self) -> list[GuestState]:
+        """Every Kumo guest on this host (those carrying Kumo metadata), sorted by vm_id.
+        Other domains on the host are left out."""
+
+    @abc.abstractmethod
+    def domain_xml(self, vm_id: str) -> str:
+        """The persistent definition as the hypervisor holds it (libvirt domain XML), for
+        diagnostics and resync; ``GuestNotFound`` if it is not defined."""

@@ -1,0 +1,279 @@
+"""The hypervisor driver contract, run against every driver: the in-memory fake and the
+libvirt driver on libvirt's own test hypervisor (``test:///default``, no daemon needed).
+Fake-only behaviour (failure injection, GPU accounting) is tested at the end."""
+
+import uuid
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from compute.drivers.base import (
+    DriverError,
+    GuestNotFound,
+    GuestSpec,
+    GuestState,
+    HypervisorDriver,
+    PciAddress,
+    PowerState,
+)
+from compute.drivers.domain_xml import (
+    KUMO_NS,
+    build_domain_xml,
+    domain_uuid,
+    parse_hostdev_addresses,
+    parse_kumo_metadata,
+)
+from compute.drivers.fake import FakeDriver
+from compute.drivers.libvirt import LibvirtDriver
+
+GPU_A = PciAddress.parse("0000:3b:00.0")
+GPU_B = PciAddress.parse("0000:af:00.1")
+FOREIGN_XML = """<domain type='test'><name>{name}</name><memory unit='MiB'>64</memory>
+<os><type>hvm</type></os></domain>"""
+
+
+class Harness:
+    """A driver plus the test-only ability to put a non-Kumo domain on its host."""
+
+    def __init__(self, driver: HypervisorDriver) -> None:
+        self.driver = driver
+        self._foreign: list[str] = []
+
+    def add_foreign_domain(self, name: str) -> None:
+        if isinstance(self.driver, FakeDriver):
+            self.driver.add_foreign_domain(name)
+            return
+        self.driver._conn.defineXML(FOREIGN_XML.format(name=name))
+        self._foreign.append(name)
+
+    def cleanup(self) -> None:
+        if isinstance(self.driver, LibvirtDriver):
+            # test:///default is shared by every connection in this process.
+            for guest in self.driver.list_guests():
+                self.driver.ensure_absent(guest.vm_id)
+            for name in self._foreign:
+                self.driver._conn.lookupByName(name).undefine()
+            self.driver.close()
+
+
+@pytest.fixture(params=["fake", "libvirt"])
+def harness(request):
+    if request.param == "fake":
+        driver = FakeDriver()
+    else:
+        driver = LibvirtDriver("test:///default", poll_interval_s=0.001)
+    h = Harness(driver)
+    yield h
+    h.cleanup()
+
+
+@pytest.fixture
+def driver(harness):
+    return harness.driver
+
+
+def new_vm_id() -> str:
+    return str(uuid.uuid4())
+
+
+def make_spec(vm_id: str | None = None, generation: int = 1, **overrides) -> GuestSpec:
+    fields = {
+        "vm_id": vm_id or new_vm_id(),
+        "generation": generation,
+        "name": "train-01",
+        "vcpus": 4,
+        "memory_mib": 2048,
+        "numa_cell": None,
+        "gpus": (),
+    }
+    fields.update(overrides)
+    return GuestSpec(**fields)
+
+
+class TestDriverContract:
+    def test_define_then_start(self, driver):
+        spec = make_spec()
+        assert driver.ensure_defined(spec) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+        assert driver.ensure_running(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.RUNNING)
+        assert driver.get_guest(spec.vm_id).power is PowerState.RUNNING
+
+    def test_repeated_calls_are_idempotent(self, driver):
+        spec = make_spec(gpus=(GPU_A,))
+        driver.ensure_defined(spec)
+        xml = driver.domain_xml(spec.vm_id)
+        assert driver.ensure_defined(spec).generation == 1
+        assert driver.domain_xml(spec.vm_id) == xml
+        driver.ensure_running(spec.vm_id)
+        assert driver.ensure_running(spec.vm_id).power is PowerState.RUNNING
+        driver.ensure_stopped(spec.vm_id, graceful_timeout_s=1)
+        state = driver.ensure_stopped(spec.vm_id, graceful_timeout_s=1)
+        assert state == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+        assert [g.vm_id for g in driver.list_guests()] == [spec.vm_id]
+
+    def test_same_generation_changes_nothing_even_if_spec_differs(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_defined(make_spec(spec.vm_id, generation=1, memory_mib=8192))
+        memory = ET.fromstring(driver.domain_xml(spec.vm_id)).find("memory")
+        assert (memory.get("unit"), memory.text) == ("KiB", str(2048 * 1024))
+
+    def test_newer_generation_redefines_and_running_guest_keeps_running(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        state = driver.ensure_defined(make_spec(spec.vm_id, generation=2, gpus=(GPU_B,)))
+        assert state == GuestState(spec.vm_id, 2, PowerState.RUNNING)
+        xml = driver.domain_xml(spec.vm_id)
+        assert parse_kumo_metadata(xml).generation == 2
+        assert parse_hostdev_addresses(xml) == ["0000:af:00.1"]
+
+    def test_older_generation_is_stale_and_ignored(self, driver):
+        spec = make_spec(generation=3)
+        driver.ensure_defined(spec)
+        state = driver.ensure_defined(make_spec(spec.vm_id, generation=2, gpus=(GPU_A,)))
+        assert state.generation == 3
+        assert parse_hostdev_addresses(driver.domain_xml(spec.vm_id)) == []
+
+    def test_stop_powers_off_and_keeps_definition(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        assert driver.ensure_stopped(spec.vm_id, graceful_timeout_s=5).power is PowerState.SHUTOFF
+        assert driver.get_guest(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+
+    def test_forced_stop_without_grace(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        assert driver.ensure_stopped(spec.vm_id, graceful_timeout_s=0).power is PowerState.SHUTOFF
+
+    def test_operations_on_a_missing_guest_raise_guest_not_found(self, driver):
+        vm_id = new_vm_id()
+        with pytest.raises(GuestNotFound):
+            driver.ensure_running(vm_id)
+        with pytest.raises(GuestNotFound):
+            driver.ensure_stopped(vm_id, graceful_timeout_s=0)
+        with pytest.raises(GuestNotFound):
+            driver.get_guest(vm_id)
+        with pytest.raises(GuestNotFound):
+            driver.domain_xml(vm_id)
+
+    def test_absent_twice_is_fine(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        driver.ensure_absent(spec.vm_id)
+        driver.ensure_absent(spec.vm_id)
+        driver.ensure_absent(new_vm_id())  # never existed
+        assert driver.list_guests() == []
+        with pytest.raises(GuestNotFound):
+            driver.get_guest(spec.vm_id)
+
+    def test_list_shows_only_kumo_guests_with_generation(self, harness, driver):
+        harness.add_foreign_domain(f"someone-else-{uuid.uuid4().hex[:8]}")
+        first, second = make_spec(generation=4), make_spec(generation=1)
+        driver.ensure_defined(first)
+        driver.ensure_defined(second)
+        driver.ensure_running(second.vm_id)
+        expected = [
+            GuestState(first.vm_id, 4, PowerState.SHUTOFF),
+            GuestState(second.vm_id, 1, PowerState.RUNNING),
+        ]
+        assert driver.list_guests() == sorted(expected, key=lambda g: g.vm_id)
+
+    def test_foreign_domain_with_a_kumo_name_is_never_touched(self, harness, driver):
+        vm_id = new_vm_id()
+        harness.add_foreign_domain(f"kumo-{vm_id}")
+        with pytest.raises(DriverError):
+            driver.ensure_defined(make_spec(vm_id))
+        with pytest.raises(DriverError):
+            driver.ensure_absent(vm_id)
+        assert driver.list_guests() == []
+
+    def test_xml_has_hostdevs_pinning_and_metadata(self, driver):
+        spec = make_spec(generation=7, numa_cell=1, gpus=(GPU_A, GPU_B))
+        driver.ensure_defined(spec)
+        xml = driver.domain_xml(spec.vm_id)  # libvirt: read back with XMLDesc
+        root = ET.fromstring(xml)
+        assert root.findtext("name") == f"kumo-{spec.vm_id}"
+        assert root.findtext("uuid") == domain_uuid(spec.vm_id)
+        assert parse_hostdev_addresses(xml) == ["0000:3b:00.0", "0000:af:00.1"]
+        hostdev = root.find("devices/hostdev")
+        assert (hostdev.get("mode"), hostdev.get("managed")) == ("subsystem", "yes")
+        guest = root.find(f"metadata/{{{KUMO_NS}}}guest")
+        assert guest.findtext(f"{{{KUMO_NS}}}vm-id") == spec.vm_id
+        assert guest.findtext(f"{{{KUMO_NS}}}generation") == "7"
+        pins = root.findall("cputune/vcpupin")
+        assert [p.get("cpuset") for p in pins] == ["8-15"] * spec.vcpus
+        assert root.find("numatune/memory").get("nodeset") == "1"
+        assert root.find("devices/graphics") is None
+
+    def test_unknown_numa_cell_is_a_driver_error(self, driver):
+        spec = make_spec(numa_cell=9)
+        with pytest.raises(DriverError):
+            driver.ensure_defined(spec)
+        assert driver.list_guests() == []
+
+
+# -- fake-only: failure injection and host accounting -----------------------------------------
+
+
+def test_fake_injected_failure_changes_nothing_and_retry_succeeds():
+    driver = FakeDriver()
+    spec = make_spec()
+    driver.ensure_defined(spec)
+    driver.fail_next("ensure_running", GuestNotFound("boom"))
+    driver.fail_next("ensure_running")
+    with pytest.raises(GuestNotFound, match="boom"):
+        driver.ensure_running(spec.vm_id)
+    with pytest.raises(DriverError, match="injected"):
+        driver.ensure_running(spec.vm_id)
+    assert driver.get_guest(spec.vm_id).power is PowerState.SHUTOFF
+    assert driver.ensure_running(spec.vm_id).power is PowerState.RUNNING
+    with pytest.raises(ValueError):
+        driver.fail_next("no_such_method")
+
+
+def test_fake_gpu_is_held_by_one_running_guest_at_a_time():
+    driver = FakeDriver()
+    first, second = make_spec(gpus=(GPU_A,)), make_spec(gpus=(GPU_A, GPU_B))
+    driver.ensure_defined(first)
+    driver.ensure_defined(second)
+    driver.ensure_running(first.vm_id)
+    with pytest.raises(DriverError, match=r"0000:3b:00\.0"):
+        driver.ensure_running(second.vm_id)
+    driver.ensure_stopped(first.vm_id, graceful_timeout_s=0)
+    assert driver.ensure_running(second.vm_id).power is PowerState.RUNNING
+
+
+def test_fake_crashed_guest_is_restarted_by_ensure_running():
+    driver = FakeDriver()
+    spec = make_spec()
+    driver.ensure_defined(spec)
+    driver.ensure_running(spec.vm_id)
+    driver.set_power(spec.vm_id, PowerState.CRASHED)
+    assert driver.list_guests()[0].power is PowerState.CRASHED
+    assert driver.ensure_running(spec.vm_id).power is PowerState.RUNNING
+
+
+# -- the value types ----------------------------------------------------------------------------
+
+
+def test_pci_address_round_trip_and_validation():
+    assert str(PciAddress.parse("0000:3B:00.0")) == "0000:3b:00.0"
+    assert PciAddress.parse("af:00.1") == PciAddress(0, 0xAF, 0, 1)
+    for bad in ("0000:3b:00.8", "3b:00", "0000:3b:20.0", "pci_0000_3b_00_0"):
+        with pytest.raises(ValueError):
+            PciAddress.parse(bad)
+
+
+def test_guest_spec_rejects_unsafe_vm_ids_and_duplicate_gpus():
+    with pytest.raises(ValueError):
+        make_spec("../etc")
+    with pytest.raises(ValueError):
+        make_spec(gpus=(GPU_A, GPU_A))
+
+
+def test_numa_cell_without_cell_cpus_is_refused_by_the_builder():
+    with pytest.raises(ValueError):
+        build_domain_xml(make_spec(numa_cell=0))
