@@ -256,9 +256,8 @@ def membership_update(
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     if membership.role == role:
         return membership
-    _may_grant(
-        actor, membership.project, Role.OWNER if Role.OWNER in (role, membership.role) else role
-    )
+    if Role.OWNER in (role, membership.role):
+        _may_grant(actor, membership.project, Role.OWNER)
     if _last_owner(membership):
         raise Conflict("a project keeps at least one owner", code="last_owner")
     previous, membership.role = membership.role, role

@@ -16,15 +16,13 @@ of its objects; this mixin then checks, for every role and for outsiders:
 subclass of this contract.
 """
 
-import uuid
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from tenants.choices import Role
-from tests.factories import UserFactory, add_member, make_project
+from tests.factories import UserFactory, add_member
 
 ALL_ROLES = [Role.READER, Role.MEMBER, Role.ADMIN, Role.OWNER]
 
@@ -238,10 +236,3 @@ class ProjectEndpointContract:
         for _ in range(10):
             self.make_object(project)
         assert queries() == few
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-__all__ = ["ProjectEndpointContract", "make_project", "unique"]

@@ -98,21 +98,17 @@ def _audit_failed_write(context, body) -> None:
     if not getattr(user, "is_authenticated", False) or body["status"] == 401:
         return
     outcome = AuditOutcome.DENIED if body["status"] in (403, 404) else AuditOutcome.FAILED
-    action = (
-        getattr(view, "audit_action_name", lambda: None)() or f"{request.method} {request.path}"
-    )
-    project = getattr(view, "_project", None)
+    if hasattr(view, "audit_refusal"):
+        target = view.audit_refusal()
+    else:
+        target = {"action": f"{request.method} {request.path}"}
     try:
         # Outside the request's (rolled back) transaction: the refusal itself is kept.
         audit.record(
-            action,
-            project=project,
+            target.pop("action"),
             outcome=outcome,
-            object_type=getattr(view, "audit_object_type", "") or "",
-            object_id=str(view.kwargs.get(getattr(view, "lookup_url_kwarg", None) or "pk", ""))
-            if view is not None and hasattr(view, "kwargs")
-            else "",
             detail={"status": body["status"], "code": body["code"], "message": body["message"]},
+            **target,
         )
     except Exception:  # the audit of a refusal must never turn a 4xx into a 500
         log.exception("could not audit a refused %s %s", request.method, request.path)

@@ -50,11 +50,18 @@ class KumoViewMixin:
             return queryset
         return super().filter_queryset(queryset)
 
-    def audit_action_name(self) -> str | None:
+    def audit_refusal(self) -> dict:
+        """What a refused write of this view was aimed at: the fields of its audit event."""
         action = getattr(self, "action", None)
-        if action and self.audit_object_type:
-            return f"{self.audit_object_type.split('.')[-1]}.{action}"
-        return None
+        lookup = getattr(self, "lookup_url_kwarg", None) or getattr(self, "lookup_field", "pk")
+        return {
+            "action": f"{self.audit_object_type.split('.')[-1]}.{action}"
+            if action and self.audit_object_type
+            else f"{self.request.method} {self.request.path}",
+            "object_type": self.audit_object_type,
+            "object_id": str(self.kwargs.get(lookup, "")),
+            "project": None,
+        }
 
 
 class ProjectRolePermission(permissions.BasePermission):
@@ -92,12 +99,16 @@ class ProjectScopedViewSet(KumoViewMixin, viewsets.GenericViewSet):
         )
         if membership is None:
             raise NotFound("Not found.")
-        self._project = membership.project
         return membership
 
     @property
     def project(self):
         return self.membership.project
+
+    def audit_refusal(self) -> dict:
+        # The project only when it was already resolved: a refusal costs no extra query.
+        membership = self.__dict__.get("membership")
+        return {**super().audit_refusal(), "project": membership.project if membership else None}
 
     def required_role(self) -> str:
         if self.action in self.action_roles:

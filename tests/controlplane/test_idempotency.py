@@ -5,12 +5,11 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from rest_framework.test import APIClient
 
 from controlplane.models import IdempotencyKey
 from controlplane.services import idempotency_keys_purge
 from tenants.models import Project, SSHKey
-from tests.factories import UserFactory, token_for
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -89,13 +88,9 @@ def test_keys_are_per_user(client_for, staff):
     assert Project.objects.get(slug="theirs-one").owner == other_staff
 
 
-def test_a_replay_needs_the_same_user_not_the_same_token(staff):
+def test_a_replay_needs_the_same_user_not_the_same_token(client_for, staff):
     body = {"slug": "two-tokens", "name": "A"}
-    clients = []
-    for _ in range(2):
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token_for(staff)}")
-        clients.append(client)
+    clients = [client_for(staff) for _ in range(2)]  # each with a token of its own
     first = _post(clients[0], body, "k")
     again = _post(clients[1], body, "k")
     assert again["Idempotent-Replayed"] == "true"
@@ -155,14 +150,10 @@ def test_purge_removes_only_expired_keys(client_for, staff, settings):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_duplicates_create_one_object_and_answer_alike():
+def test_concurrent_duplicates_create_one_object_and_answer_alike(client_for):
     staff = UserFactory(is_staff=True)
     body = {"slug": "raced", "name": "Raced"}
-    clients = []
-    for _ in range(8):
-        client = APIClient()
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token_for(staff)}")
-        clients.append(client)
+    clients = [client_for(staff) for _ in range(8)]
     barrier = threading.Barrier(len(clients))
     responses: list = [None] * len(clients)
     errors: list = []
