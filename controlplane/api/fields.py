@@ -18,6 +18,14 @@ class CharField(serializers.CharField):
 
 
 class SlugRelatedField(serializers.SlugRelatedField):
+    """DRF reads an empty string as null for a nullable relation; the schema says a slug or
+    null, so an empty string is refused like any other slug that names nothing."""
+
+    def run_validation(self, data=serializers.empty):
+        if data == "":
+            raise serializers.ValidationError("This field may not be blank.", code="blank")
+        return super().run_validation(data)
+
     def to_internal_value(self, data):
         if isinstance(data, str) and "\x00" in data:
             raise serializers.ValidationError("Null characters are not allowed.", code="null")

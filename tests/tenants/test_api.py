@@ -303,6 +303,15 @@ def test_token_secret_is_shown_once(client_for):
     assert fresh.get("/api/v1/user/").json()["username"] == user.username
 
 
+def test_a_blank_project_slug_is_a_400_not_an_unscoped_token(client_for):
+    response = client_for(UserFactory()).post(
+        TOKENS, {"name": "laptop", "project": ""}, format="json"
+    )
+    assert response.status_code == 400
+    assert "project" in response.json()["details"]
+    assert not ApiToken.objects.filter(name="laptop").exists()
+
+
 def test_an_expired_token_is_401_saying_so(client_for):
     user = UserFactory()
     expires = (timezone.now() + timedelta(days=1)).isoformat()
