@@ -6,23 +6,33 @@ frozen dataclasses back.
 """
 
 from compute.drivers.base import (
+    DeviceKind,
     DiskSpec,
     DriverError,
     GuestNotFound,
     GuestSpec,
     GuestState,
+    HostInventory,
     HypervisorDriver,
+    NumaCell,
+    PassthroughDevice,
     PciAddress,
+    PciDevice,
     PowerState,
 )
 
 __all__ = [
+    "DeviceKind",
     "DiskSpec",
     "DriverError",
     "GuestNotFound",
     "GuestSpec",
     "GuestState",
+    "HostInventory",
     "HypervisorDriver",
+    "NumaCell",
+    "PassthroughDevice",
     "PciAddress",
+    "PciDevice",
     "PowerState",
 ]

@@ -98,12 +98,76 @@ class DiskSpec:
     read_only: bool = False
 
 
+class DeviceKind(enum.StrEnum):
+    """What a host PCI function is to Kumo."""
+
+    GPU = "gpu"  # a whole GPU, passed through with VFIO
+    RDMA_VF = "rdma_vf"  # a virtual function of an RDMA NIC (RoCE), passed through
+    RDMA_PF = "rdma_pf"  # the physical function of an RDMA NIC: the host keeps it
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    """One host NUMA cell: its id, its host CPU ids and its memory."""
+
+    id: int
+    cpus: tuple[int, ...]
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """A host PCI function as the node-device API reports it."""
+
+    name: str  # libvirt's node-device name, e.g. pci_0000_07_00_0
+    address: PciAddress
+    kind: DeviceKind
+    class_code: int  # e.g. 0x030200 for a 3D controller
+    vendor_id: int
+    product_id: int
+    vendor_name: str = ""
+    product_name: str = ""
+    numa_node: int | None = None
+    iommu_group: int | None = None
+    physical_function: PciAddress | None = None  # for a VF: its PF
+
+
+@dataclass(frozen=True)
+class HostInventory:
+    """What a host offers: CPUs, memory, NUMA cells and PCI devices Kumo cares about."""
+
+    cpus: int
+    memory_mib: int
+    cells: tuple[NumaCell, ...]
+    devices: tuple[PciDevice, ...]
+    hypervisor: str = ""  # libvirt's driver type, e.g. QEMU or TEST
+
+
+@dataclass(frozen=True)
+class PassthroughDevice:
+    """A host PCI function given whole to one guest (``<hostdev managed='yes'>``).
+
+    ``numa_node`` is the host cell it hangs off; the guest sees it on the guest NUMA cell
+    that mirrors that host cell, so NCCL and the driver see the real locality.
+    """
+
+    address: PciAddress
+    kind: DeviceKind
+    numa_node: int | None = None
+    class_code: int = 0
+    vendor_id: int = 0
+    product_id: int = 0
+
+
 @dataclass(frozen=True)
 class GuestSpec:
     """What one guest should look like at one generation.
 
     ``numa_cell``, when set, confines vCPUs and memory to that host NUMA cell (the cell the
-    GPUs hang off); ``gpus`` are passed through whole with VFIO.
+    GPUs hang off); ``devices`` (GPUs, RDMA VFs) are passed through whole with VFIO.
+    ``seed_iso`` is a cloud-init NoCloud seed attached read-only as a CD-ROM. ``kernel`` (with
+    ``initrd`` and ``cmdline``) boots the guest directly from host files instead of a disk.
     """
 
     vm_id: str
@@ -112,8 +176,12 @@ class GuestSpec:
     vcpus: int
     memory_mib: int
     numa_cell: int | None = None
-    gpus: tuple[PciAddress, ...] = ()
+    devices: tuple[PassthroughDevice, ...] = ()
     disks: tuple[DiskSpec, ...] = ()
+    seed_iso: str | None = None
+    kernel: str | None = None
+    initrd: str | None = None
+    cmdline: str = ""
 
     def __post_init__(self) -> None:
         validate_vm_id(self.vm_id)
@@ -121,8 +189,15 @@ class GuestSpec:
             raise ValueError("generation starts at 1")
         if self.vcpus < 1 or self.memory_mib < 1:
             raise ValueError("vcpus and memory_mib must be positive")
-        if len(set(self.gpus)) != len(self.gpus):
-            raise ValueError("a GPU is listed twice")
+        addresses = [device.address for device in self.devices]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError("a device is listed twice")
+        if self.initrd and not self.kernel:
+            raise ValueError("an initrd needs a kernel")
+
+    @property
+    def gpus(self) -> tuple[PciAddress, ...]:
+        return tuple(d.address for d in self.devices if d.kind is DeviceKind.GPU)
 
 
 @dataclass(frozen=True)
@@ -138,6 +213,9 @@ class GuestState:
 class HypervisorDriver(abc.ABC):
     """One host's hypervisor, seen through idempotent operations.
 
+    ``simulated`` is true where guests never really run and disks are never read (the fake,
+    libvirt's test driver): the agent then prepares no disk files.
+
     Guarantees shared by every implementation (checked by
     ``tests/compute/test_driver_contract.py``):
 
@@ -148,6 +226,8 @@ class HypervisorDriver(abc.ABC):
       backend exceptions never leak.
     * Guests without Kumo metadata are invisible and untouched.
     """
+
+    simulated: bool = False
 
     @abc.abstractmethod
     def ensure_defined(self, spec: GuestSpec) -> GuestState:
@@ -191,6 +271,16 @@ class HypervisorDriver(abc.ABC):
     def list_guests(self) -> list[GuestState]:
         """Every Kumo guest on this host (those carrying Kumo metadata), sorted by vm_id.
         Other domains on the host are left out."""
+
+    @abc.abstractmethod
+    def host_inventory(self) -> HostInventory:
+        """The host's CPUs, memory, NUMA cells (each with its CPU ids) and the PCI devices
+        Kumo schedules (GPUs, RDMA NIC functions), read from the hypervisor each call."""
+
+    @abc.abstractmethod
+    def host_cells(self) -> tuple[NumaCell, ...]:
+        """The host's NUMA cells with their CPU ids (fixed while the host runs: drivers may
+        cache it)."""
 
     @abc.abstractmethod
     def domain_xml(self, vm_id: str) -> str:

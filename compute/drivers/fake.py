@@ -2,8 +2,9 @@
 
 It accounts what a host would: defined guests with their definitions and generations, power
 state, and which GPUs running guests hold (a GPU can be attached to one running guest only,
-as VFIO enforces). ``fail_next`` injects failures on chosen calls, so callers' error paths can
-be tested without a broken host.
+as VFIO enforces). It reports a fixed ``HostInventory`` (``default_inventory()`` unless one is
+given). ``fail_next`` injects failures on chosen calls, so callers' error paths can be tested
+without a broken host.
 """
 
 from __future__ import annotations
@@ -15,18 +16,93 @@ from dataclasses import dataclass
 
 from compute.drivers import domain_xml
 from compute.drivers.base import (
+    DeviceKind,
     DriverError,
     GuestNotFound,
     GuestSpec,
     GuestState,
+    HostInventory,
     HypervisorDriver,
+    NumaCell,
     PciAddress,
+    PciDevice,
     PowerState,
     validate_vm_id,
 )
 
 # Mirrors libvirt's test:///default host: two NUMA cells of eight CPUs.
 DEFAULT_CELLS: Mapping[int, tuple[int, ...]] = {0: tuple(range(8)), 1: tuple(range(8, 16))}
+DEFAULT_CELL_MEMORY_MIB = 4096
+# default_inventory(): one A100 on each of the first two cells, and one ConnectX-6 with two
+# SR-IOV VFs on the first cell.
+_DEFAULT_GPU_ADDRESSES = ("0000:3b:00.0", "0000:af:00.0")
+_DEFAULT_NIC_ADDRESS = "0000:5e:00.0"
+_DEFAULT_VF_ADDRESSES = ("0000:5e:00.1", "0000:5e:00.2")
+
+
+def _device(address: str, kind: DeviceKind, numa_node: int, group: int, **fields) -> PciDevice:
+    pci = PciAddress.parse(address)
+    name = "pci_" + str(pci).replace(":", "_").replace(".", "_")
+    return PciDevice(name, pci, kind, numa_node=numa_node, iommu_group=group, **fields)
+
+
+def default_inventory(cells: Mapping[int, Iterable[int]] = DEFAULT_CELLS) -> HostInventory:
+    """A small host: ``cells`` (cell id -> host CPU ids) with ``DEFAULT_CELL_MEMORY_MIB``
+    each, an A100 on each of the first two cells (by id) and a ConnectX-6 PF with two VFs on
+    the first cell. Device fields are what ``LibvirtDriver`` reports for the same hardware."""
+    numa_cells = tuple(
+        NumaCell(cell, tuple(cpus), DEFAULT_CELL_MEMORY_MIB) for cell, cpus in sorted(cells.items())
+    )
+    ids = [cell.id for cell in numa_cells]
+    gpu = {
+        "class_code": 0x030200,
+        "vendor_id": 0x10DE,
+        "product_id": 0x20B0,
+        "vendor_name": "NVIDIA Corporation",
+        "product_name": "GA100 [A100 SXM4 40GB]",
+    }
+    nic = {
+        "class_code": 0x020700,
+        "vendor_id": 0x15B3,
+        "vendor_name": "Mellanox Technologies",
+    }
+    devices = [
+        _device(address, DeviceKind.GPU, cell, group, **gpu)
+        for group, (address, cell) in enumerate(zip(_DEFAULT_GPU_ADDRESSES, ids, strict=False))
+    ]
+    if ids:
+        group = len(devices)
+        devices.append(
+            _device(
+                _DEFAULT_NIC_ADDRESS,
+                DeviceKind.RDMA_PF,
+                ids[0],
+                group,
+                product_id=0x101B,
+                product_name="MT28908 Family [ConnectX-6]",
+                **nic,
+            )
+        )
+        for offset, address in enumerate(_DEFAULT_VF_ADDRESSES, start=1):
+            devices.append(
+                _device(
+                    address,
+                    DeviceKind.RDMA_VF,
+                    ids[0],
+                    group + offset,
+                    product_id=0x101C,
+                    product_name="MT28908 Family [ConnectX-6 Virtual Function]",
+                    physical_function=PciAddress.parse(_DEFAULT_NIC_ADDRESS),
+                    **nic,
+                )
+            )
+    return HostInventory(
+        cpus=sum(len(cell.cpus) for cell in numa_cells),
+        memory_mib=DEFAULT_CELL_MEMORY_MIB * len(numa_cells),
+        cells=numa_cells,
+        devices=tuple(sorted(devices, key=lambda device: device.address)),
+        hypervisor="FAKE",
+    )
 
 
 @dataclass
@@ -36,15 +112,29 @@ class _Guest:
 
 
 class FakeDriver(HypervisorDriver):
-    """Thread-safe in-memory host. ``cells`` maps NUMA cell ids to host CPU ids."""
+    """Thread-safe in-memory host that reports ``inventory``; its cells are the ones NUMA
+    pinning accepts. Without an inventory it is ``default_inventory(cells)`` (``cells`` maps
+    NUMA cell ids to host CPU ids, ``DEFAULT_CELLS`` by default); give one or the other."""
 
-    def __init__(self, *, cells: Mapping[int, Iterable[int]] = DEFAULT_CELLS) -> None:
-        self.cells = {cell: tuple(cpus) for cell, cpus in cells.items()}
+    def __init__(
+        self,
+        *,
+        cells: Mapping[int, Iterable[int]] | None = None,
+        inventory: HostInventory | None = None,
+    ) -> None:
+        if cells is not None and inventory is not None:
+            raise ValueError("give cells or inventory, not both")
+        if inventory is None:
+            inventory = default_inventory(DEFAULT_CELLS if cells is None else cells)
+        self._inventory = inventory
+        self.cells = {cell.id: cell.cpus for cell in inventory.cells}
         self._guests: dict[str, _Guest] = {}
         self._foreign: set[str] = set()  # domain names that exist but are not Kumo's
         self._failures: dict[str, deque[BaseException]] = defaultdict(deque)
         self._lock = threading.RLock()
         self.calls: list[tuple[str, str]] = []  # (method, vm_id), for assertions
+
+    simulated = True  # runs no guest, reads no disk
 
     # -- failure injection ------------------------------------------------------------------
 
@@ -136,8 +226,18 @@ class FakeDriver(HypervisorDriver):
         with self._lock:
             self._enter("domain_xml", vm_id)
             spec = self._get(vm_id).spec
-            cpus = self.cells[spec.numa_cell] if spec.numa_cell is not None else ()
-            return domain_xml.build_domain_xml(spec, cell_cpus=cpus)
+            return domain_xml.build_domain_xml(spec, cells=self.host_cells())
+
+    def host_inventory(self) -> HostInventory:
+        with self._lock:
+            self._enter("host_inventory", "")
+            return self._inventory
+
+    # -- host topology ----------------------------------------------------------------------
+
+    def host_cells(self) -> tuple[NumaCell, ...]:
+        """The inventory's NUMA cells (as ``LibvirtDriver.host_cells``)."""
+        return self._inventory.cells
 
     # -- fake-only controls -----------------------------------------------------------------
 

@@ -19,11 +19,16 @@ import libvirt
 
 from compute.drivers import domain_xml
 from compute.drivers.base import (
+    DeviceKind,
     DriverError,
     GuestNotFound,
     GuestSpec,
     GuestState,
+    HostInventory,
     HypervisorDriver,
+    NumaCell,
+    PciAddress,
+    PciDevice,
     PowerState,
     validate_vm_id,
 )
@@ -47,6 +52,18 @@ _UNDEFINE_FLAGS = (
     libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA
 )
 
+NVIDIA_VENDOR = 0x10DE
+MELLANOX_VENDOR = 0x15B3
+# PCI class codes without the programming interface byte (class << 8 | subclass).
+_GPU_CLASSES = {0x0300, 0x0302}  # VGA compatible controller, 3D controller
+_NIC_CLASSES = {0x0200, 0x0207}  # Ethernet controller, InfiniBand controller
+# Mellanox ConnectX virtual-function product ids (pci.ids): ConnectX-4, -4 Lx, -5, -5 Ex,
+# -6, and the "mlx5Gen" VF that ConnectX-6 Dx, -6 Lx and -7 present.
+MELLANOX_VF_PRODUCTS = frozenset({0x1014, 0x1016, 0x1018, 0x101A, 0x101C, 0x101E})
+# Memory units libvirt writes in capabilities (always KiB today; the rest are cheap to allow).
+_BYTES_PER_UNIT = {"b": 1, "bytes": 1, "k": 2**10, "kib": 2**10, "m": 2**20, "mib": 2**20}
+_BYTES_PER_UNIT |= {"g": 2**30, "gib": 2**30}
+
 
 def _silence_libvirt_stderr() -> None:
     # libvirt prints every error to stderr by default; ours are raised as DriverError instead.
@@ -67,6 +84,111 @@ def _call(what: str, fn: Callable[[], T]) -> T:
         raise cls(f"{what}: {exc}", code=code) from exc
 
 
+def _int(text: str | None) -> int:
+    """A number as libvirt writes it in XML: decimal, or hex with ``0x``."""
+    if text is None:
+        raise ValueError("missing number")
+    text = text.strip()
+    return int(text, 16) if text.lower().startswith("0x") else int(text)
+
+
+def _address(element: ET.Element) -> PciAddress:
+    """A ``PciAddress`` from an ``<address domain= bus= slot= function=>`` element."""
+    return PciAddress(*(_int(element.get(f)) for f in ("domain", "bus", "slot", "function")))
+
+
+def parse_capability_cells(capabilities_xml: str) -> tuple[NumaCell, ...]:
+    """The NUMA cells listed in ``getCapabilities()`` (host/topology/cells), sorted by id;
+    empty when the capabilities list none."""
+    caps = ET.fromstring(capabilities_xml)
+    cells = []
+    for cell in caps.findall("host/topology/cells/cell"):
+        memory, memory_mib = cell.find("memory"), 0
+        if memory is not None and memory.text:
+            unit = (memory.get("unit") or "KiB").lower()
+            if unit not in _BYTES_PER_UNIT:
+                raise ValueError(f"unknown memory unit {unit!r}")
+            memory_mib = _int(memory.text) * _BYTES_PER_UNIT[unit] // 2**20
+        cpus = tuple(sorted(_int(cpu.get("id")) for cpu in cell.findall("cpus/cpu")))
+        cells.append(NumaCell(id=_int(cell.get("id")), cpus=cpus, memory_mib=memory_mib))
+    return tuple(sorted(cells, key=lambda cell: cell.id))
+
+
+def cells_from_node_info(cpus: int, memory_mib: int, nodes: int) -> tuple[NumaCell, ...]:
+    """NUMA cells derived from ``getInfo()`` alone, for hosts whose capabilities list none.
+
+    libvirt's test driver loaded from a file (``compute/drivers/simnode.py``) reports
+    ``<cells num='0'>`` but does report the number of NUMA nodes in ``getInfo()``. Host CPU ids
+    ``0..cpus-1`` are split into ``nodes`` contiguous blocks of equal size (the first
+    ``cpus % nodes`` blocks take one extra CPU) and memory is shared evenly (MiB rounded
+    down). That is how Linux numbers CPUs on the two-socket hosts Kumo simulates; on real
+    hosts the capabilities list the cells and this is not used.
+    """
+    nodes = max(nodes, 1)
+    size, extra = divmod(cpus, nodes)
+    cells, first = [], 0
+    for cell in range(nodes):
+        count = size + (1 if cell < extra else 0)
+        cells.append(NumaCell(cell, tuple(range(first, first + count)), memory_mib // nodes))
+        first += count
+    return tuple(cells)
+
+
+def classify_pci(*, vendor_id: int, product_id: int, class_code: int, is_vf: bool) -> DeviceKind:
+    """What a PCI function is to Kumo. NVIDIA display or 3D controllers are GPUs; a Mellanox
+    function is an RDMA VF when it names a physical function or has a ConnectX VF product id,
+    else an RDMA PF when it is an Ethernet or InfiniBand controller; anything else is OTHER."""
+    base_class = class_code >> 8
+    if vendor_id == NVIDIA_VENDOR and base_class in _GPU_CLASSES:
+        return DeviceKind.GPU
+    if vendor_id == MELLANOX_VENDOR:
+        if is_vf or product_id in MELLANOX_VF_PRODUCTS:
+            return DeviceKind.RDMA_VF
+        if base_class in _NIC_CLASSES:
+            return DeviceKind.RDMA_PF
+    return DeviceKind.OTHER
+
+
+def parse_pci_device(device_xml: str) -> PciDevice:
+    """A ``PciDevice`` from one node device's ``XMLDesc()`` (``ValueError`` when the XML has
+    no usable PCI capability)."""
+    try:
+        root = ET.fromstring(device_xml)
+    except ET.ParseError as exc:
+        raise ValueError(f"unreadable node device XML: {exc}") from exc
+    cap = root.find("capability[@type='pci']")
+    if cap is None:
+        raise ValueError(f"node device {root.findtext('name')!r} has no PCI capability")
+    vendor, product = cap.find("vendor"), cap.find("product")
+    if vendor is None or product is None:
+        raise ValueError(f"node device {root.findtext('name')!r} lacks vendor or product")
+    address = PciAddress(*(_int(cap.findtext(f)) for f in ("domain", "bus", "slot", "function")))
+    pf = cap.find("capability[@type='phys_function']/address")
+    numa, group = cap.find("numa"), cap.find("iommuGroup")
+    class_code = _int(cap.findtext("class") or "0")
+    vendor_id, product_id = _int(vendor.get("id")), _int(product.get("id"))
+    physical_function = _address(pf) if pf is not None else None
+    numa_node = _int(numa.get("node")) if numa is not None and numa.get("node") else None
+    return PciDevice(
+        name=root.findtext("name") or "",
+        address=address,
+        kind=classify_pci(
+            vendor_id=vendor_id,
+            product_id=product_id,
+            class_code=class_code,
+            is_vf=physical_function is not None,
+        ),
+        class_code=class_code,
+        vendor_id=vendor_id,
+        product_id=product_id,
+        vendor_name=(vendor.text or "").strip(),
+        product_name=(product.text or "").strip(),
+        numa_node=numa_node if numa_node is not None and numa_node >= 0 else None,
+        iommu_group=_int(group.get("number")) if group is not None else None,
+        physical_function=physical_function,
+    )
+
+
 class LibvirtDriver(HypervisorDriver):
     """Drives one libvirt connection. ``machine`` is the guest machine type (``q35`` suits
     PCIe pass-through); ``poll_interval_s`` paces the wait for a graceful shutdown."""
@@ -80,6 +202,12 @@ class LibvirtDriver(HypervisorDriver):
         self.poll_interval_s = poll_interval_s
         self._conn = _call(f"open {uri}", lambda: libvirt.open(uri))
         self._domain_type = "test" if self._conn.getType().lower() == "test" else "kvm"
+        self._cells: tuple[NumaCell, ...] | None = None  # host_cells() cache
+
+    @property
+    def simulated(self) -> bool:
+        """True on libvirt's test driver, which runs no guest and reads no disk."""
+        return self._domain_type == "test"
 
     def close(self) -> None:
         try:
@@ -115,11 +243,39 @@ class LibvirtDriver(HypervisorDriver):
         return GuestState(vm_id=vm_id, generation=meta.generation, power=self._power(dom))
 
     def _cell_cpus(self, cell: int) -> list[int]:
-        caps = ET.fromstring(_call("read capabilities", self._conn.getCapabilities))
-        cpus = caps.findall(f"host/topology/cells/cell[@id='{cell}']/cpus/cpu")
-        if not cpus:
-            raise DriverError(f"host has no NUMA cell {cell}")
-        return [int(cpu.get("id", "-1")) for cpu in cpus]
+        for numa_cell in self.host_cells():
+            if numa_cell.id == cell and numa_cell.cpus:
+                return list(numa_cell.cpus)
+        raise DriverError(f"host has no NUMA cell {cell}")
+
+    def _read_cells(self) -> tuple[NumaCell, ...]:
+        try:
+            cells = parse_capability_cells(_call("read capabilities", self._conn.getCapabilities))
+        except (ET.ParseError, ValueError) as exc:
+            raise DriverError(f"unreadable capabilities: {exc}") from exc
+        if cells:
+            return cells
+        _model, memory_mib, cpus, _mhz, nodes, *_ = _call("read node info", self._conn.getInfo)
+        return cells_from_node_info(cpus, memory_mib, nodes)
+
+    def _read_devices(self) -> tuple[PciDevice, ...]:
+        flags = libvirt.VIR_CONNECT_LIST_NODE_DEVICES_CAP_PCI_DEV
+        found = []
+        for dev in _call("list node devices", lambda: self._conn.listAllDevices(flags)):
+            try:
+                xml = dev.XMLDesc(0)
+            except libvirt.libvirtError as exc:
+                if _code(exc) == libvirt.VIR_ERR_NO_NODE_DEVICE:
+                    continue  # unplugged between listing and reading
+                raise DriverError(f"read node device {dev.name()}: {exc}", code=_code(exc)) from exc
+            try:
+                device = parse_pci_device(xml)
+            except ValueError as exc:
+                log.warning("node device %s skipped: %s", dev.name(), exc)
+                continue
+            if device.kind is not DeviceKind.OTHER:
+                found.append(device)
+        return tuple(sorted(found, key=lambda device: device.address))
 
     def _tolerate(self, what: str, fn: Callable[[], object]) -> None:
         """Run a state change whose goal a concurrent change may already have reached."""
@@ -147,10 +303,12 @@ class LibvirtDriver(HypervisorDriver):
                         current.generation,
                     )
                 return current
-        cell_cpus = self._cell_cpus(spec.numa_cell) if spec.numa_cell is not None else ()
-        xml = domain_xml.build_domain_xml(
-            spec, domain_type=self._domain_type, machine=self.machine, cell_cpus=cell_cpus
-        )
+        try:
+            xml = domain_xml.build_domain_xml(
+                spec, cells=self.host_cells(), domain_type=self._domain_type, machine=self.machine
+            )
+        except ValueError as exc:  # a cell the host lacks, too many devices on one cell
+            raise DriverError(f"vm {spec.vm_id}: {exc}") from exc
         dom = _call(f"define vm {spec.vm_id}", lambda: self._conn.defineXML(xml))
         log.info("vm %s: defined generation %d", spec.vm_id, spec.generation)
         return self._observe(dom, spec.vm_id)
@@ -215,3 +373,28 @@ class LibvirtDriver(HypervisorDriver):
 
     def domain_xml(self, vm_id: str) -> str:
         return self._inactive_xml(self._lookup(vm_id))
+
+    def host_inventory(self) -> HostInventory:
+        """Read afresh on every call (and refreshes the ``host_cells()`` cache). Cells come
+        from the capabilities, or from ``getInfo()`` when those list none (see
+        ``cells_from_node_info``). Devices are sorted by PCI address; bridges and other
+        functions Kumo does not schedule are left out."""
+        _model, memory_mib, cpus, _mhz, _nodes, *_ = _call("read node info", self._conn.getInfo)
+        self._cells = self._read_cells()
+        return HostInventory(
+            cpus=cpus,
+            memory_mib=memory_mib,
+            cells=self._cells,
+            devices=self._read_devices(),
+            hypervisor=_call("read hypervisor type", self._conn.getType),
+        )
+
+    # -- host topology ----------------------------------------------------------------------
+
+    def host_cells(self) -> tuple[NumaCell, ...]:
+        """The host's NUMA cells, sorted by id, each with its CPU ids; the same source
+        ``host_inventory()`` and NUMA pinning use. Read once per driver and cached: topology
+        does not change while the agent runs."""
+        if self._cells is None:
+            self._cells = self._read_cells()
+        return self._cells

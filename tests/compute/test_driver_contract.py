@@ -8,11 +8,13 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from compute.drivers.base import (
+    DeviceKind,
     DriverError,
     GuestNotFound,
     GuestSpec,
     GuestState,
     HypervisorDriver,
+    PassthroughDevice,
     PciAddress,
     PowerState,
 )
@@ -76,7 +78,8 @@ def new_vm_id() -> str:
     return str(uuid.uuid4())
 
 
-def make_spec(vm_id: str | None = None, generation: int = 1, **overrides) -> GuestSpec:
+def make_spec(vm_id: str | None = None, generation: int = 1, gpus=(), **overrides) -> GuestSpec:
+    """A spec; ``gpus`` (host addresses) become GPU devices on the spec's NUMA cell."""
     fields = {
         "vm_id": vm_id or new_vm_id(),
         "generation": generation,
@@ -84,9 +87,12 @@ def make_spec(vm_id: str | None = None, generation: int = 1, **overrides) -> Gue
         "vcpus": 4,
         "memory_mib": 2048,
         "numa_cell": None,
-        "gpus": (),
     }
     fields.update(overrides)
+    fields["devices"] = tuple(
+        PassthroughDevice(address=gpu, kind=DeviceKind.GPU, numa_node=fields["numa_cell"])
+        for gpu in gpus
+    )
     return GuestSpec(**fields)
 
 

@@ -4,7 +4,8 @@ Only what libvirt hands back is asserted. Things the test driver does not carry,
 asserted here: NUMA cells (a file-loaded test connection reports ``<cells num='0'>`` in
 ``getCapabilities()`` and ``getCellsFreeMemory()`` fails), the host arch in capabilities (always
 i686) and free memory (0). GPU-to-NUMA placement is only visible per device, via
-``<numa node>`` in the device XML.
+``<numa node>`` in the device XML. SR-IOV links (a VF's ``phys_function``, a PF's
+``virt_functions``) are kept and asserted.
 """
 
 import xml.etree.ElementTree as ET
@@ -51,6 +52,12 @@ def cpu_conn(fleet):
     conn.close()
 
 
+def _addr(element):
+    return "{:04x}:{:02x}:{:02x}.{:x}".format(
+        *(int(element.get(f), 16) for f in ("domain", "bus", "slot", "function"))
+    )
+
+
 def _pci_devices(conn):
     """Every PCI node device as a dict of what its libvirt XMLDesc says."""
     found = []
@@ -59,6 +66,8 @@ def _pci_devices(conn):
         cap = root.find("capability[@type='pci']")
         numa = cap.find("numa")
         group = cap.find("iommuGroup")
+        pf = cap.find("capability[@type='phys_function']/address")
+        vfs = cap.find("capability[@type='virt_functions']")
         found.append(
             {
                 "name": dev.name(),
@@ -74,12 +83,12 @@ def _pci_devices(conn):
                 "iommu_group": None if group is None else int(group.get("number")),
                 "iommu_members": []
                 if group is None
-                else [
-                    "{:04x}:{:02x}:{:02x}.{:x}".format(
-                        *(int(a.get(f), 16) for f in ("domain", "bus", "slot", "function"))
-                    )
-                    for a in group.findall("address")
-                ],
+                else [_addr(a) for a in group.findall("address")],
+                "phys_function": None if pf is None else _addr(pf),
+                "virt_functions": None
+                if vfs is None
+                else [_addr(a) for a in vfs.findall("address")],
+                "max_vfs": None if vfs is None else int(vfs.get("maxCount")),
             }
         )
     return found
@@ -134,6 +143,29 @@ def test_connectx6_per_numa_node(gpu_conn, cpu_conn):
             if (d["vendor"], d["product"]) == (simnode.MELLANOX_VENDOR, simnode.CONNECTX6)
         ]
         assert sorted(n["numa"] for n in nics) == [0, 1]
+
+
+def test_each_connectx6_has_eight_vfs_linked_both_ways(gpu_conn, cpu_conn):
+    for conn in (gpu_conn, cpu_conn):
+        devices = {d["address"]: d for d in _pci_devices(conn)}
+        pfs = [d for d in devices.values() if d["product"] == simnode.CONNECTX6]
+        assert len(pfs) == 2
+        for pf in pfs:
+            bus = pf["address"][5:7]
+            expected = [f"0000:{bus}:00.{f}" for f in range(1, 8)] + [f"0000:{bus}:01.0"]
+            assert pf["virt_functions"] == expected
+            assert pf["max_vfs"] == 8
+            assert pf["phys_function"] is None
+            for address in expected:
+                vf = devices[address]
+                assert (vf["vendor"], vf["product"]) == (simnode.MELLANOX_VENDOR, 0x101C)
+                assert vf["product_name"] == "MT28908 Family [ConnectX-6 Virtual Function]"
+                assert vf["phys_function"] == pf["address"]
+                assert vf["numa"] == pf["numa"]
+                assert vf["iommu_members"] == [address]
+                assert vf["name"] == "pci_" + address.replace(":", "_").replace(".", "_")
+        groups = [d["iommu_group"] for d in devices.values()]
+        assert len(set(groups)) == len(groups)
 
 
 def test_gpu_node_info(gpu_conn):

@@ -1,0 +1,166 @@
+"""cloud-init NoCloud seeds: the ISO a guest reads its identity, keys and files from.
+
+A seed is an ISO 9660 image labelled ``cidata`` holding, as cloud-init's NoCloud data
+source reads them:
+
+- ``meta-data``: ``instance-id`` (the VM's id: stable for its whole life, since a new id
+  makes cloud-init treat a reboot as a new instance and regenerate its SSH host keys),
+  ``local-hostname`` and ``public-keys`` (the user's SSH keys);
+- ``user-data``: the user's own cloud-init user-data, byte for byte (empty when none);
+- ``vendor-data``: Kumo's part, a ``#cloud-config`` with ``write_files`` (the NCCL topology
+  of a GPU guest). Vendor data is the provider's channel: the user's user-data is never
+  rewritten, and may still switch vendor data off.
+
+The ISO is written with pycdlib (pure Python, no genisoimage on the host) with Joliet and
+Rock Ridge names, as ``genisoimage -J -r`` makes them: cloud-init mounts the seed and
+looks for the lower-case names. Writing is atomic (a temporary file renamed over the
+target) and a repeat with the same content leaves the file as it is.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pycdlib
+import yaml
+
+VOLUME_LABEL = "cidata"
+# (ISO 9660 level-1 name, the real name cloud-init looks for)
+_FILES = (
+    ("METADATA.;1", "meta-data"),
+    ("USERDATA.;1", "user-data"),
+    ("VENDORDA.;1", "vendor-data"),
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings as literal blocks, so a written file reads as itself."""
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
+
+
+def meta_data(*, instance_id: str, hostname: str, ssh_keys: Sequence[str]) -> str:
+    """NoCloud ``meta-data`` (YAML)."""
+    data: dict = {"instance-id": instance_id, "local-hostname": hostname}
+    if ssh_keys:
+        data["public-keys"] = list(ssh_keys)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def vendor_data(files: Mapping[str, str]) -> str:
+    """Kumo's ``#cloud-config``: each of ``files`` (guest path: text) written at first boot
+    of this instance id, readable by everyone (they describe hardware, hold no secret)."""
+    if not files:
+        return ""
+    config = {
+        "write_files": [
+            {"path": path, "content": content, "permissions": "0644", "owner": "root:root"}
+            for path, content in sorted(files.items())
+        ]
+    }
+    return "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False)
+
+
+def build_seed(
+    *,
+    instance_id: str,
+    hostname: str,
+    ssh_keys: Sequence[str] = (),
+    user_data: str = "",
+    files: Mapping[str, str] | None = None,
+) -> bytes:
+    """The seed ISO's bytes."""
+    return _iso(_contents(instance_id, hostname, ssh_keys, user_data, files))
+
+
+def _contents(instance_id, hostname, ssh_keys, user_data, files) -> dict[str, str]:
+    return {
+        "meta-data": meta_data(instance_id=instance_id, hostname=hostname, ssh_keys=ssh_keys),
+        "user-data": user_data,
+        "vendor-data": vendor_data(files or {}),
+    }
+
+
+def _iso(contents: Mapping[str, str]) -> bytes:
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=VOLUME_LABEL)
+    try:
+        for iso_name, name in _FILES:
+            data = contents[name].encode()
+            iso.add_fp(
+                io.BytesIO(data),
+                len(data),
+                f"/{iso_name}",
+                rr_name=name,
+                joliet_path=f"/{name}",
+            )
+        out = io.BytesIO()
+        iso.write_fp(out)
+    finally:
+        iso.close()
+    return out.getvalue()
+
+
+def read_seed(path: str | Path) -> dict[str, str]:
+    """The files of a seed ISO by their cloud-init names, as a guest would read them
+    (through the Rock Ridge names). For checks and diagnostics."""
+    iso = pycdlib.PyCdlib()
+    iso.open(str(path))
+    try:
+        found = {}
+        for _iso_name, name in _FILES:
+            out = io.BytesIO()
+            iso.get_file_from_iso_fp(out, rr_path=f"/{name}")
+            found[name] = out.getvalue().decode()
+        found["label"] = iso.pvd.volume_identifier.decode().strip()
+        return found
+    finally:
+        iso.close()
+
+
+def _same(path: Path, contents: Mapping[str, str]) -> bool:
+    try:
+        found = read_seed(path)
+    except Exception:  # a torn or foreign file: rewrite it
+        return False
+    return found.get("label") == VOLUME_LABEL and all(found[k] == v for k, v in contents.items())
+
+
+def write_seed(
+    path: str | Path,
+    *,
+    instance_id: str,
+    hostname: str,
+    ssh_keys: Sequence[str] = (),
+    user_data: str = "",
+    files: Mapping[str, str] | None = None,
+) -> Path:
+    """Write the seed to ``path`` (its folder is made) and return the path. Idempotent: an
+    existing seed with the same files is left untouched; otherwise it is replaced atomically,
+    so a guest never reads a half-written seed."""
+    path = Path(path)
+    contents = _contents(instance_id, hostname, ssh_keys, user_data, files)
+    if path.exists() and _same(path, contents):
+        return path
+    data = _iso(contents)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
