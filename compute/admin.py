@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from compute import services
 from compute.choices import HostState
-from compute.models import Host
+from compute.models import Device, Host, Image, PlacementGroup, Template, VirtualMachine
 
 
 @admin.register(Host)
@@ -50,3 +50,113 @@ class HostAdmin(admin.ModelAdmin):
         for host in queryset:
             operation = services.host_ping(host=host, actor=request.user)
             self.message_user(request, f"ping {host.name}: operation {operation.pk}")
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """Changed only through the API's services; the console reads and runs actions."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Device)
+class DeviceAdmin(_ReadOnly):
+    list_display = ["host", "pci_address", "kind", "model", "numa_node", "present", "vm"]
+    list_filter = ["kind", "model", "present", "numa_node"]
+    search_fields = ["host__name", "pci_address", "vm__name"]
+    list_select_related = ["host", "vm"]
+
+
+@admin.register(VirtualMachine)
+class VirtualMachineAdmin(_ReadOnly):
+    list_display = [
+        "name",
+        "project",
+        "state",
+        "task_state",
+        "power_state",
+        "host",
+        "gpus",
+        "priority",
+        "created_at",
+    ]
+    list_filter = ["state", "priority", "power_state"]
+    search_fields = ["name", "id", "project__slug", "host__name"]
+    list_select_related = ["project", "host"]
+    actions = ["stop", "delete_vms"]
+
+    def _run(self, request, queryset, service):
+        from controlplane.errors import KumoError
+
+        for vm in queryset.select_related("project"):
+            try:
+                service(vm=vm, actor=request.user)
+            except KumoError as e:
+                self.message_user(request, f"{vm.name}: {e.message}", level="error")
+
+    @admin.action(description="Stop")
+    def stop(self, request, queryset):
+        self._run(request, queryset, services.vm_stop)
+
+    @admin.action(description="Delete")
+    def delete_vms(self, request, queryset):
+        self._run(request, queryset, services.vm_delete)
+
+
+@admin.register(Template)
+class TemplateAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "vcpus",
+        "memory_gib",
+        "gpus",
+        "gpu_model",
+        "disk_gib",
+        "spot_allowed",
+        "active",
+    ]
+    list_filter = ["gpus", "active", "spot_allowed"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Sizes are fixed once created: VMs copied them.
+        return ["name", "vcpus", "memory_gib", "gpus", "gpu_model", "disk_gib"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            services.template_update(template=obj, active=obj.active, description=obj.description)
+        else:
+            created = services.template_create(
+                **{
+                    f: form.cleaned_data[f]
+                    for f in (
+                        "name",
+                        "vcpus",
+                        "memory_gib",
+                        "gpus",
+                        "gpu_model",
+                        "disk_gib",
+                        "spot_allowed",
+                        "description",
+                    )
+                }
+            )
+            obj.pk = created.pk
+
+
+@admin.register(Image)
+class ImageAdmin(_ReadOnly):
+    list_display = ["name", "os_distro", "os_version", "format", "visibility", "project", "active"]
+    list_filter = ["visibility", "format", "active"]
+    search_fields = ["name", "location"]
+
+
+@admin.register(PlacementGroup)
+class PlacementGroupAdmin(_ReadOnly):
+    list_display = ["name", "project", "policy", "created_at"]
+    list_filter = ["policy"]

@@ -11,3 +11,76 @@ class HostState(models.TextChoices):
 
 # States an operator sets; the controller never leaves them by itself.
 OPERATOR_STATES = (HostState.DRAINING, HostState.MAINTENANCE)
+
+
+class DeviceKind(models.TextChoices):
+    """Mirrors ``compute.drivers.base.DeviceKind`` (the agent's side of the wire)."""
+
+    GPU = "gpu", "GPU"
+    RDMA_VF = "rdma_vf", "RDMA NIC virtual function"
+    RDMA_PF = "rdma_pf", "RDMA NIC physical function"
+
+
+class ImageFormat(models.TextChoices):
+    QCOW2 = "qcow2", "qcow2"
+    RAW = "raw", "raw"
+
+
+class Visibility(models.TextChoices):
+    PUBLIC = "public", "Public"  # every project may boot it
+    PROJECT = "project", "Project"  # only the project that owns it
+
+
+class PlacementPolicy(models.TextChoices):
+    AFFINITY = "affinity", "Affinity"  # every member on one host
+    ANTI_AFFINITY = "anti_affinity", "Anti-affinity"  # no two members on one host
+    COMPACT = "compact", "Compact"  # every member in one rack (one leaf switch)
+
+
+class Priority(models.TextChoices):
+    ON_DEMAND = "on_demand", "On demand"
+    SPOT = "spot", "Spot"  # runs on unclaimed capacity; may be evicted
+
+
+class VmState(models.TextChoices):
+    """The VM's life as the control plane sees it. Transitions are guarded in
+    ``compute.services`` (see ``ACTIONS``); an illegal action answers 409 with the state."""
+
+    PENDING = "pending", "Pending"  # accepted, waiting for capacity
+    PROVISIONING = "provisioning", "Provisioning"  # placed; its host is building it
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    DELETING = "deleting", "Deleting"
+    DELETED = "deleted", "Deleted"
+    ERROR = "error", "Error"
+    EVICTING = "evicting", "Evicting"  # spot: notice given, about to stop
+    EVICTED = "evicted", "Evicted"
+
+
+class VmTask(models.TextChoices):
+    """The action in flight on a settled VM (Nova's task state); empty when idle."""
+
+    NONE = "", "None"
+    STARTING = "starting", "Starting"
+    STOPPING = "stopping", "Stopping"
+    REBOOTING = "rebooting", "Rebooting"
+
+
+class PowerState(models.TextChoices):
+    """What the host last reported of the guest (Nova's power state)."""
+
+    NOSTATE = "nostate", "No state"  # never reported yet
+    RUNNING = "running", "Running"
+    SHUTOFF = "shutoff", "Shut off"
+    PAUSED = "paused", "Paused"
+    CRASHED = "crashed", "Crashed"
+    ABSENT = "absent", "Absent"  # the host has no such guest
+    UNKNOWN = "unknown", "Unknown"  # its host is down
+
+
+class DesiredPower(models.TextChoices):
+    """What the agent is asked to converge the guest to."""
+
+    RUNNING = "running", "Running"
+    STOPPED = "stopped", "Stopped"
+    ABSENT = "absent", "Absent"

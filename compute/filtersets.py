@@ -1,7 +1,8 @@
 import django_filters
 
-from compute.choices import HostState
-from compute.models import Host
+from compute.choices import DeviceKind, HostState, Priority, Visibility, VmState
+from compute.models import Device, Host, Image, Template, VirtualMachine
+from controlplane.api.filters import StrictBooleanFilter
 
 
 class HostFilterSet(django_filters.FilterSet):
@@ -12,3 +13,45 @@ class HostFilterSet(django_filters.FilterSet):
     class Meta:
         model = Host
         fields = ["state", "rack", "zone"]
+
+
+class DeviceFilterSet(django_filters.FilterSet):
+    host = django_filters.CharFilter(field_name="host__name")
+    kind = django_filters.ChoiceFilter(choices=DeviceKind.choices)
+    allocated = StrictBooleanFilter(field_name="vm", lookup_expr="isnull", exclude=True)
+    present = StrictBooleanFilter()
+
+    class Meta:
+        model = Device
+        fields = ["host", "kind", "model", "present", "allocated"]
+
+
+class ImageFilterSet(django_filters.FilterSet):
+    visibility = django_filters.ChoiceFilter(choices=Visibility.choices)
+    os_distro = django_filters.CharFilter()
+
+    class Meta:
+        model = Image
+        fields = ["visibility", "os_distro", "format"]
+
+
+class VirtualMachineFilterSet(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=VmState.choices)
+    priority = django_filters.ChoiceFilter(choices=Priority.choices)
+    host = django_filters.CharFilter(field_name="host__name")
+    name = django_filters.CharFilter()
+
+    class Meta:
+        model = VirtualMachine
+        fields = ["state", "priority", "host", "name"]
+
+
+class TemplateFilterSet(django_filters.FilterSet):
+    gpus = django_filters.TypedChoiceFilter(
+        choices=[(n, str(n)) for n in (0, 1, 2, 4, 8)], coerce=int
+    )
+    spot_allowed = StrictBooleanFilter()
+
+    class Meta:
+        model = Template
+        fields = ["gpus", "gpu_model", "spot_allowed"]

@@ -1,8 +1,30 @@
-"""Hosts (hypervisors with their agents). Inventory, templates and VMs come with compute."""
+"""Hosts and their devices, templates, images, placement groups and virtual machines."""
 
+import uuid
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models import Q
 
-from compute.choices import HostState
+from compute.choices import (
+    DeviceKind,
+    HostState,
+    ImageFormat,
+    PlacementPolicy,
+    PowerState,
+    Priority,
+    Visibility,
+    VmState,
+    VmTask,
+)
+from tenants.models import Project, ProjectOwnedModel
+
+hostname_validator = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
+    "1 to 63 characters: lower-case letters, digits and hyphens, not starting or ending "
+    "with a hyphen (it becomes the guest's host name).",
+)
 
 
 class Host(models.Model):
@@ -11,6 +33,11 @@ class Host(models.Model):
     A host is created by its agent's first heartbeat (or by an operator ahead of it) and
     marked down when heartbeats stop; it comes back up by itself when they return, unless
     an operator put it in draining or maintenance.
+
+    Capacity comes from the agent's inventory report. ``vcpus_used`` and ``memory_mib_used``
+    are the claim counters the scheduler's conditional UPDATE checks and moves in the same
+    statement (``compute.placement``); they are never edited by hand, and
+    ``compute.selectors.host_usage_drift`` proves them against the VMs placed here.
     """
 
     name = models.SlugField(max_length=63, unique=True)
@@ -23,11 +50,268 @@ class Host(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True, db_index=True)
     rack = models.CharField(max_length=64, blank=True)
     zone = models.CharField(max_length=64, blank=True)
+    # Inventory, as the agent last reported it.
+    hypervisor = models.CharField(max_length=32, blank=True)
+    vcpus = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0)
+    numa_cells = models.JSONField(default=list, blank=True, help_text="[{id, cpus, memory_mib}]")
+    inventory_reported_at = models.DateTimeField(null=True, blank=True)
+    # Overcommit: what the scheduler may hand out is capacity x ratio. GPUs never overcommit.
+    cpu_allocation_ratio = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.1), MaxValueValidator(32.0)]
+    )
+    ram_allocation_ratio = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.1), MaxValueValidator(4.0)]
+    )
+    vcpus_used = models.PositiveIntegerField(default=0)
+    memory_mib_used = models.PositiveBigIntegerField(default=0)
+    guests_reported_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(vcpus_used__gte=0) & Q(memory_mib_used__gte=0),
+                name="host_usage_not_negative",
+            )
+        ]
 
     def __str__(self):
         return self.name
+
+    @property
+    def vcpus_capacity(self) -> int:
+        return int(self.vcpus * self.cpu_allocation_ratio)
+
+    @property
+    def memory_mib_capacity(self) -> int:
+        return int(self.memory_mib * self.ram_allocation_ratio)
+
+
+class Device(models.Model):
+    """A host PCI function Kumo hands out whole: a GPU or an RDMA NIC virtual function.
+
+    ``vm`` is the allocation: set by the claim's ``UPDATE … WHERE vm IS NULL``, so a device
+    can never be given to two VMs.
+    """
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=64, help_text="libvirt node-device name")
+    pci_address = models.CharField(max_length=12, help_text="e.g. 0000:07:00.0")
+    kind = models.CharField(max_length=8, choices=DeviceKind.choices)
+    model = models.CharField(max_length=64, blank=True, help_text="e.g. A100-SXM4-40GB")
+    vendor_id = models.PositiveIntegerField()
+    product_id = models.PositiveIntegerField()
+    class_code = models.PositiveIntegerField(default=0)
+    vendor_name = models.CharField(max_length=128, blank=True)
+    product_name = models.CharField(max_length=128, blank=True)
+    numa_node = models.SmallIntegerField(null=True, blank=True)
+    iommu_group = models.IntegerField(null=True, blank=True)
+    physical_function = models.CharField(max_length=12, blank=True)
+    present = models.BooleanField(default=True, help_text="in the host's last inventory")
+    vm = models.ForeignKey(
+        "VirtualMachine",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="devices",
+    )
+
+    class Meta:
+        ordering = ["host", "pci_address"]
+        constraints = [
+            models.UniqueConstraint(fields=["host", "pci_address"], name="unique_host_device")
+        ]
+        indexes = [models.Index(fields=["host", "kind", "vm"], name="device_host_kind_vm")]
+
+    def __str__(self):
+        return f"{self.host.name}:{self.pci_address} ({self.model or self.kind})"
+
+
+class Template(models.Model):
+    """A VM size (mdx calls them packs): vCPUs, memory, GPUs, local disk."""
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    vcpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    memory_gib = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpus = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(8)])
+    gpu_model = models.CharField(max_length=64, blank=True, help_text="e.g. A100-SXM4-40GB")
+    disk_gib = models.PositiveIntegerField(default=40)
+    spot_allowed = models.BooleanField(default=True)
+    active = models.BooleanField(default=True, help_text="offered for new VMs")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["gpus", "vcpus", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpus=0) | ~Q(gpu_model=""), name="template_gpus_have_a_model"
+            ),
+            models.CheckConstraint(
+                condition=Q(gpus__in=[0, 1, 2, 4, 8]), name="template_gpus_1_2_4_or_8"
+            ),
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class ImageQuerySet(models.QuerySet):
+    def usable_by(self, project):
+        """Images ``project`` may boot: public ones and its own."""
+        return self.filter(Q(visibility=Visibility.PUBLIC) | Q(project=project), active=True)
+
+
+class Image(models.Model):
+    """A bootable disk image: public (operators') or one project's own."""
+
+    name = models.CharField(max_length=100)
+    description = models.CharField(max_length=200, blank=True)
+    os_distro = models.CharField(max_length=32, help_text="e.g. ubuntu")
+    os_version = models.CharField(max_length=32, blank=True, help_text="e.g. 24.04")
+    format = models.CharField(max_length=8, choices=ImageFormat.choices)
+    location = models.CharField(max_length=500, help_text="path on the hosts' image store")
+    checksum = models.CharField(max_length=80, help_text="sha256:<hex>")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    min_disk_gib = models.PositiveIntegerField(default=0)
+    min_memory_gib = models.PositiveIntegerField(default=0)
+    visibility = models.CharField(max_length=8, choices=Visibility.choices)
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ImageQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(visibility=Visibility.PUBLIC) & Q(project__isnull=True))
+                | (Q(visibility=Visibility.PROJECT) & Q(project__isnull=False)),
+                name="image_project_matches_visibility",
+            )
+        ]
+
+    def __str__(self):
+        return self.name
+
+
+class PlacementGroup(ProjectOwnedModel):
+    """VMs placed together (affinity, compact: one rack) or apart (anti-affinity)."""
+
+    name = models.CharField(max_length=63, validators=[hostname_validator])
+    policy = models.CharField(max_length=16, choices=PlacementPolicy.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="unique_placement_group")
+        ]
+
+    def __str__(self):
+        return f"{self.name} ({self.policy})"
+
+
+class VirtualMachine(ProjectOwnedModel):
+    """A tenant's VM. Three separate fields say where it is, as Nova keeps them apart:
+
+    - ``state``: its life in the control plane (``VmState``);
+    - ``task_state``: the action in flight on a settled VM (``VmTask``);
+    - ``power_state``: what its host last observed (``PowerState``).
+
+    ``generation`` counts the changes asked of it. Every change is a conditional UPDATE on
+    the generation it read, and every host task carries the generation it applies, which
+    the host records in the domain's metadata: a repeated or stale task changes nothing.
+    Sizes are copied from the template at create, so editing a template changes no VM.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=63, validators=[hostname_validator])
+    template = models.ForeignKey(Template, on_delete=models.PROTECT, related_name="+")
+    image = models.ForeignKey(Image, on_delete=models.PROTECT, related_name="+")
+    priority = models.CharField(max_length=16, choices=Priority.choices, default=Priority.ON_DEMAND)
+    placement_group = models.ForeignKey(
+        PlacementGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="vms"
+    )
+    vcpus = models.PositiveIntegerField()
+    memory_mib = models.PositiveBigIntegerField()
+    gpus = models.PositiveSmallIntegerField(default=0)
+    gpu_model = models.CharField(max_length=64, blank=True)
+    disk_gib = models.PositiveIntegerField()
+    ssh_keys = models.JSONField(default=list, blank=True, help_text="OpenSSH public keys")
+    user_data = models.TextField(blank=True, help_text="cloud-init user-data")
+
+    state = models.CharField(max_length=16, choices=VmState.choices, default=VmState.PENDING)
+    task_state = models.CharField(
+        max_length=16, choices=VmTask.choices, default=VmTask.NONE, blank=True
+    )
+    power_state = models.CharField(
+        max_length=16, choices=PowerState.choices, default=PowerState.NOSTATE
+    )
+    state_reason = models.CharField(max_length=500, blank=True)
+    generation = models.PositiveIntegerField(default=1)
+    applied_generation = models.PositiveIntegerField(
+        default=0, help_text="the generation the host last reported applied"
+    )
+
+    host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.PROTECT, related_name="vms"
+    )
+    numa_cell = models.SmallIntegerField(null=True, blank=True)
+    rack = models.CharField(max_length=64, blank=True, help_text="its host's rack, once placed")
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    launched_at = models.DateTimeField(null=True, blank=True)
+    power_observed_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=~Q(state="deleted"),
+                name="unique_live_vm_name",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["project", "state"], name="vm_project_state"),
+            models.Index(fields=["host", "state"], name="vm_host_state"),
+            models.Index(fields=["state", "updated_at"], name="vm_state_updated"),
+        ]
+        verbose_name = "virtual machine"
+
+    def __str__(self):
+        return f"{self.name} ({self.state})"
+
+
+class OrphanGuest(models.Model):
+    """A Kumo guest a host reported that no live VM on that host accounts for.
+
+    Recorded at first sight; destroyed by the reconcile once it has been an orphan for
+    ``KUMO_ORPHAN_GRACE_S`` (a VM being moved or a report racing a create is not an
+    orphan for long). Removed when the host stops reporting it.
+    """
+
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="orphans")
+    vm_id = models.CharField(max_length=64)
+    first_seen_at = models.DateTimeField()
+    destroy_sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "vm_id"], name="unique_orphan_guest")
+        ]
+
+    def __str__(self):
+        return f"{self.host.name}:{self.vm_id}"

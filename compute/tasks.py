@@ -1,3 +1,5 @@
+"""The controller's periodic compute work. Thin: each calls one service."""
+
 from celery import shared_task
 
 from compute import services
@@ -9,3 +11,15 @@ from controlplane.choices import AuditSource
 def hosts_check() -> list[str]:
     with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
         return services.hosts_check()
+
+
+@shared_task(name="kumo.control.vms_schedule_pending", acks_late=True, time_limit=120)
+def vms_schedule_pending() -> int:
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return services.vm_schedule_pending()
+
+
+@shared_task(name="kumo.control.vms_reap_stuck", acks_late=True, time_limit=120)
+def vms_reap_stuck() -> int:
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return services.vms_reap_stuck()

@@ -27,6 +27,8 @@ app.conf.beat_schedule = {
     "purge-idempotency-keys": {"task": "kumo.control.idempotency_purge", "schedule": 3600.0},
     "check-host-heartbeats": {"task": "kumo.control.hosts_check", "schedule": 10.0},
     "expire-projects": {"task": "kumo.control.projects_expire", "schedule": 3600.0},
+    "place-pending-vms": {"task": "kumo.control.vms_schedule_pending", "schedule": 15.0},
+    "reap-stuck-vms": {"task": "kumo.control.vms_reap_stuck", "schedule": 60.0},
 }
 app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])
 metrics.instrument_celery()

@@ -244,6 +244,23 @@ HOST_HEARTBEAT_TIMEOUT_S = int(os.environ.get("KUMO_HEARTBEAT_TIMEOUT_S", "60"))
 # KUMO_OPERATION_DEADLINE_S: an operation still pending or running this long after it was
 # created is marked failed by the reaper ("stuck"). Read by controlplane.tasks.
 OPERATION_DEADLINE_S = int(os.environ.get("KUMO_OPERATION_DEADLINE_S", "900"))
+# --- Compute (read by compute.placement, compute.services) ----------------------------------
+# KUMO_SCHEDULER_VIEW_TTL_S: how long a process keeps its in-memory view of the hosts before
+# reloading it. Staleness costs only retries: every claim re-checks in the database.
+SCHEDULER_VIEW_TTL_S = float(os.environ.get("KUMO_SCHEDULER_VIEW_TTL_S", "10"))
+# KUMO_SCHEDULER_SAMPLE: how many hosts that pass the filters are weighed per decision.
+SCHEDULER_SAMPLE = int(os.environ.get("KUMO_SCHEDULER_SAMPLE", "16"))
+# KUMO_VM_STOP_GRACE_S: seconds a guest has to shut down when stopped before it is forced off.
+VM_STOP_GRACE_S = float(os.environ.get("KUMO_VM_STOP_GRACE_S", "60"))
+# KUMO_VM_OPERATION_DEADLINE_S: a VM provisioning, starting, stopping or rebooting this long
+# without an answer from its host is given up (provisioning: state error).
+VM_OPERATION_DEADLINE_S = int(os.environ.get("KUMO_VM_OPERATION_DEADLINE_S", "600"))
+# KUMO_RECONCILE_GRACE_S: a VM changed less than this long ago is not drift yet (its work may
+# still be on the way); older ones whose guest is missing or behind get their work again.
+RECONCILE_GRACE_S = float(os.environ.get("KUMO_RECONCILE_GRACE_S", "5"))
+# KUMO_ORPHAN_GRACE_S: a guest no VM accounts for is destroyed after it was seen this long.
+ORPHAN_GRACE_S = int(os.environ.get("KUMO_ORPHAN_GRACE_S", "300"))
+
 # KUMO_IDEMPOTENCY_TTL_H: how long a stored Idempotency-Key response is replayed.
 IDEMPOTENCY_TTL_H = int(os.environ.get("KUMO_IDEMPOTENCY_TTL_H", "24"))
 # KUMO_SELF_SERVICE_PROJECTS: "1" lets any user create a project (they become its owner);

@@ -45,3 +45,71 @@ def add_member(project, user=None, role=Role.MEMBER):
 
 def token_for(user, project=None) -> str:
     return services.token_create(user=user, name="test", project=project)[1]
+
+
+# --- compute ---------------------------------------------------------------------------------
+
+_host_seq = itertools.count(1)
+
+
+def make_host(name=None, kind="gpu", *, rack="", up=True):
+    """A host enrolled the way its agent does it: a heartbeat, then an inventory report of a
+    simulated mdx node (8x A100 on 2 NUMA cells for ``gpu``; 152 vCPUs for ``cpu``)."""
+    from django.utils import timezone
+
+    from compute import services as compute
+    from compute.drivers import simnode
+    from compute.protocol import inventory_payload
+
+    name = name or f"{kind}-{next(_host_seq):03d}"
+    now = timezone.now()
+    if up:
+        compute.host_heartbeat(host=name, payload={}, sent_at=now)
+    host = compute.inventory_reported(
+        host=name, payload=inventory_payload(simnode.host_inventory(kind)), sent_at=now
+    )
+    if rack:
+        host = compute.host_update(host=host, rack=rack)
+    return host
+
+
+def make_template(gpus=0, **fields):
+    from compute import services as compute
+
+    defaults = {
+        "name": f"{'g' if gpus else 'c'}{gpus}-{next(_seq)}",
+        "vcpus": 16 * gpus if gpus else 4,
+        "memory_gib": 57 * gpus if gpus else 16,
+        "gpus": gpus,
+        "gpu_model": "A100-SXM4-40GB" if gpus else "",
+        "disk_gib": 100,
+    }
+    return compute.template_create(**{**defaults, **fields})
+
+
+def make_image(project=None, **fields):
+    from compute import services as compute
+
+    defaults = {
+        "name": f"ubuntu-{next(_seq)}",
+        "os_distro": "ubuntu",
+        "os_version": "24.04",
+        "format": "qcow2",
+        "location": "/var/lib/kumo/images/ubuntu-24.04.qcow2",
+        "checksum": "sha256:" + "ab" * 32,
+    }
+    return compute.image_create(project=project, **{**defaults, **fields})
+
+
+def make_vm(project, template=None, image=None, **fields):
+    """A VM created through the service, as the API creates it."""
+    from compute import services as compute
+
+    fields.setdefault("name", f"vm-{next(_seq)}")
+    vm, _operation = compute.vm_create(
+        project=project,
+        template=template or make_template(),
+        image=image or make_image(),
+        **fields,
+    )
+    return vm

@@ -16,7 +16,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, transaction
-from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.core.parameters import ParameterLocation
@@ -28,7 +27,15 @@ from controlplane.models import AuditEvent
 from controlplane.services import operation_create
 from controlplane.wsgi import application
 from tenants import services
-from tests.factories import UserFactory, add_member, make_project
+from tests.factories import (
+    UserFactory,
+    add_member,
+    make_host,
+    make_image,
+    make_project,
+    make_template,
+    make_vm,
+)
 
 PASSWORD = "correct-horse-battery-staple"  # tests/factories.py
 
@@ -53,6 +60,12 @@ REFERENCES = {
     "POST /api/v1/user/tokens/": ["project"],
     "POST /api/v1/user/ssh-keys/": ["public_key"],
     "POST /api/v1/auth/login/": ["username", "password"],
+    "POST /api/v1/projects/{project_slug}/vms/": [
+        "template",
+        "image",
+        "ssh_keys",
+        "placement_group",
+    ],
 }
 
 # Schema-valid input the API still refuses with a 400, by operation: the fields whose rule the
@@ -68,6 +81,16 @@ NOT_IN_SCHEMA = {
     "POST /api/v1/projects/{project_slug}/members/": {"user"},  # an existing username or email
     "POST /api/v1/user/tokens/": {"project", "expires_at"},  # a project of yours; the future
     "POST /api/v1/user/ssh-keys/": {"public_key"},  # a well-formed OpenSSH public key
+    # existing objects; an image's minimum disk and memory against the template's; a template
+    # that allows spot
+    "POST /api/v1/projects/{project_slug}/vms/": {
+        "template",
+        "image",
+        "ssh_keys",
+        "placement_group",
+        "priority",
+    },
+    "POST /api/v1/admin/templates/": {"gpu_model"},  # required when gpus is not 0
 }
 # And in any text field, two rules of DRF's: no NUL characters (PostgreSQL text cannot hold
 # them), and the value is trimmed first, so one made of whitespace only ("\x1e") is blank.
@@ -116,7 +139,11 @@ def world(db):
     outsider = UserFactory(username="fuzz-outsider")
     project = make_project(owner=staff, slug="fuzz-project")
     member = add_member(project)
-    host = compute_services.host_heartbeat(host="fuzz-host", payload={}, sent_at=timezone.now())
+    host = make_host("fuzz-host")
+    template = make_template(gpus=1, name="fuzz-gpu")
+    image = make_image()
+    vm = make_vm(project, template=template, image=image, name="fuzz-vm")
+    group = compute_services.placement_group_create(project=project, name="fuzz", policy="compact")
     operation = operation_create(kind="test.fuzz", target=project, project=project)
     token, secret = services.token_create(user=staff, name="fuzz")
     key = services.sshkey_add(user=staff, name="fuzz", public_key=_ssh_public_key())
@@ -127,12 +154,16 @@ def world(db):
         project_slug=[project.slug],
         slug=[project.slug],
         username=[staff.username, member.username, outsider.username],
-        name=[host.name],
+        name=[host.name, template.name],
         **{
             "id:operations": [str(operation.pk)],
             "id:tokens": [str(token.pk)],
             "id:ssh-keys": [str(key.pk)],
             "id:audit-events": [str(event.pk)],
+            "id:vms": [str(vm.pk)],
+            "id:images": [str(image.pk)],
+            "id:placement-groups": [str(group.pk)],
+            "id:devices": [str(vm.devices.first().pk)],
         },
         # body fields
         owner=[outsider.username, staff.username],
@@ -140,6 +171,10 @@ def world(db):
         project=[project.slug],
         public_key=[_ssh_public_key()],
         password=[PASSWORD],
+        template=[template.name],
+        image=[image.pk],
+        ssh_keys=[[key.name]],
+        placement_group=[group.name],
     )
     return {"Authorization": f"Bearer {secret}"}
 

@@ -6,13 +6,19 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
-from django.utils import timezone
 
 from compute import services as compute
 from controlplane.api.urls import admin_router, project_router, user_router
 from controlplane.services import operation_create
 from tenants import services as tenants
-from tests.factories import add_member, make_project
+from tests.factories import (
+    add_member,
+    make_host,
+    make_image,
+    make_project,
+    make_template,
+    make_vm,
+)
 from tests.tenants.test_sshkeys import _openssh_public
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +47,9 @@ def seeded(staff):
             name=f"k{n}",
         )
         tenants.token_create(user=staff, name=f"t{n}", project=project if n else None)
-        host = compute.host_heartbeat(host=f"h-{n}", payload={}, sent_at=timezone.now())
+        host = make_host(f"h-{n}")
+        make_vm(project, template=make_template(gpus=1), image=make_image(project=project))
+        compute.placement_group_create(project=project, name=f"pg{n}", policy="compact")
         operation_create(kind="test", target=host)
         operation_create(kind="test", target=project, project=project)
     return project

@@ -1,11 +1,47 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.reverse import reverse
 
-from compute.choices import HostState
-from compute.models import Host
+from compute.choices import HostState, PlacementPolicy, Priority
+from compute.models import (
+    Device,
+    Host,
+    Image,
+    PlacementGroup,
+    Template,
+    VirtualMachine,
+    hostname_validator,
+)
 from controlplane.api import fields
+
+USER_DATA_MAX_BYTES = 64 * 1024  # what cloud-init's NoCloud seed comfortably carries
+
+
+class DeviceSerializer(serializers.ModelSerializer):
+    host = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    vm = serializers.UUIDField(source="vm_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = Device
+        fields = [
+            "id",
+            "host",
+            "pci_address",
+            "kind",
+            "model",
+            "numa_node",
+            "iommu_group",
+            "physical_function",
+            "present",
+            "vm",
+        ]
+        read_only_fields = fields
 
 
 class HostSerializer(serializers.ModelSerializer):
+    gpus = serializers.IntegerField(read_only=True, help_text="GPUs present")
+    gpus_free = serializers.IntegerField(read_only=True, help_text="GPUs present and unallocated")
+
     class Meta:
         model = Host
         fields = [
@@ -13,16 +49,35 @@ class HostSerializer(serializers.ModelSerializer):
             "state",
             "state_reason",
             "libvirt_uri",
+            "hypervisor",
             "agent_version",
             "agent_started_at",
             "capabilities",
             "last_heartbeat_at",
             "rack",
             "zone",
+            "vcpus",
+            "memory_mib",
+            "numa_cells",
+            "cpu_allocation_ratio",
+            "ram_allocation_ratio",
+            "vcpus_used",
+            "memory_mib_used",
+            "gpus",
+            "gpus_free",
+            "inventory_reported_at",
+            "guests_reported_at",
             "created_at",
             "updated_at",
         ]
         read_only_fields = fields
+
+
+class HostUpdateSerializer(serializers.Serializer):
+    rack = fields.CharField(max_length=64, required=False, allow_blank=True)
+    zone = fields.CharField(max_length=64, required=False, allow_blank=True)
+    cpu_allocation_ratio = serializers.FloatField(min_value=0.1, max_value=32.0, required=False)
+    ram_allocation_ratio = serializers.FloatField(min_value=0.1, max_value=4.0, required=False)
 
 
 class HostStateSerializer(serializers.Serializer):
@@ -30,3 +85,149 @@ class HostStateSerializer(serializers.Serializer):
         choices=[HostState.UP, HostState.DRAINING, HostState.MAINTENANCE]
     )
     reason = fields.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class TemplateSerializer(fields.ModelSerializer):
+    gpus = serializers.ChoiceField(choices=[0, 1, 2, 4, 8], default=0)
+
+    class Meta:
+        model = Template
+        fields = [
+            "name",
+            "description",
+            "vcpus",
+            "memory_gib",
+            "gpus",
+            "gpu_model",
+            "disk_gib",
+            "spot_allowed",
+            "active",
+            "created_at",
+        ]
+        read_only_fields = ["active", "created_at"]
+        extra_kwargs = {"name": {"validators": []}}  # taken: the service's 409
+
+
+class TemplateUpdateSerializer(serializers.Serializer):
+    active = serializers.BooleanField(required=False)
+    description = fields.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class ImageSerializer(fields.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    checksum = serializers.RegexField(r"^sha256:[0-9a-f]{64}$", max_length=71)
+    location = serializers.RegexField(
+        r"^/[^\x00]*$", max_length=500, help_text="absolute path on the hosts' image store"
+    )
+
+    class Meta:
+        model = Image
+        fields = [
+            "id",
+            "name",
+            "description",
+            "os_distro",
+            "os_version",
+            "format",
+            "location",
+            "checksum",
+            "size_bytes",
+            "min_disk_gib",
+            "min_memory_gib",
+            "visibility",
+            "project",
+            "active",
+            "created_at",
+        ]
+        read_only_fields = ["visibility", "project", "active", "created_at"]
+
+
+class PlacementGroupSerializer(fields.ModelSerializer):
+    policy = serializers.ChoiceField(choices=PlacementPolicy.choices)
+
+    class Meta:
+        model = PlacementGroup
+        fields = ["id", "name", "policy", "created_at"]
+        read_only_fields = ["created_at"]
+        validators = []  # (project, name) taken: the service's 409
+
+
+class VirtualMachineSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField()
+    template = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    image = serializers.PrimaryKeyRelatedField(read_only=True)
+    placement_group = serializers.SlugRelatedField(
+        slug_field="name", read_only=True, allow_null=True
+    )
+    host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    gpu_addresses = serializers.SerializerMethodField()
+
+    class Meta:
+        model = VirtualMachine
+        fields = [
+            "id",
+            "url",
+            "name",
+            "template",
+            "image",
+            "priority",
+            "placement_group",
+            "vcpus",
+            "memory_mib",
+            "gpus",
+            "gpu_model",
+            "disk_gib",
+            "state",
+            "task_state",
+            "power_state",
+            "state_reason",
+            "generation",
+            "host",
+            "numa_cell",
+            "gpu_addresses",
+            "created_at",
+            "updated_at",
+            "launched_at",
+            "deleted_at",
+        ]
+        read_only_fields = fields
+
+    def get_url(self, vm) -> str:
+        return reverse(
+            "api:project-vm-detail",
+            kwargs={"project_slug": vm.project.slug, "pk": vm.pk},
+            request=self.context.get("request"),
+        )
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_gpu_addresses(self, vm) -> list[str]:
+        """The host PCI addresses of the VM's GPUs (for support and NCCL debugging)."""
+        return sorted(d.pci_address for d in vm.devices.all())
+
+
+class VirtualMachineCreateSerializer(serializers.Serializer):
+    name = fields.CharField(max_length=63, validators=[hostname_validator])
+    template = fields.CharField(max_length=63, help_text="a template's name")
+    image = serializers.IntegerField(min_value=1, help_text="an image's id")
+    ssh_keys = serializers.ListField(
+        child=fields.CharField(max_length=100),
+        required=False,
+        default=list,
+        max_length=32,
+        help_text="names of your SSH keys to install for the default user",
+    )
+    user_data = fields.CharField(
+        required=False, allow_blank=True, default="", trim_whitespace=False
+    )
+    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.ON_DEMAND)
+    placement_group = fields.CharField(max_length=63, required=False, allow_null=True)
+    wait_for_capacity = serializers.BooleanField(
+        default=True,
+        help_text="when nothing fits now: true keeps the VM pending until room appears; "
+        "false answers 409 and creates nothing",
+    )
+
+    def validate_user_data(self, value):
+        if len(value.encode()) > USER_DATA_MAX_BYTES:
+            raise serializers.ValidationError(f"at most {USER_DATA_MAX_BYTES} bytes")
+        return value

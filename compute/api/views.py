@@ -1,36 +1,329 @@
+from django.db.models import Count, Prefetch, Q
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins
+from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from compute import services
-from compute.api.serializers import HostSerializer, HostStateSerializer
-from compute.filtersets import HostFilterSet
-from compute.models import Host
+from compute.api import serializers as s
+from compute.choices import DeviceKind, VmState
+from compute.filtersets import (
+    DeviceFilterSet,
+    HostFilterSet,
+    ImageFilterSet,
+    TemplateFilterSet,
+    VirtualMachineFilterSet,
+)
+from compute.models import Device, Host, Image, PlacementGroup, Template, VirtualMachine
 from controlplane.api.serializers import OperationSerializer
-from controlplane.api.viewsets import OperatorViewSet, accepted
+from controlplane.api.viewsets import (
+    KumoViewMixin,
+    OperatorViewSet,
+    ProjectScopedViewSet,
+    accepted,
+)
+from controlplane.errors import InvalidInput, NotFound, PermissionDenied
+from tenants.models import SSHKey
+
+# --- a project's VMs, images and placement groups ------------------------------------------------
+
+
+def _vm_queryset(qs):
+    return qs.select_related("project", "template", "placement_group", "host").prefetch_related(
+        Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm"))
+    )
+
+
+class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectScopedViewSet):
+    """The project's VMs. Creating, starting, stopping, rebooting and deleting answer 202
+    with an operation to poll; an action the VM's state does not allow answers 409 naming
+    the state. Deleted VMs stay listed (``state=deleted``) for the record."""
+
+    model = VirtualMachine
+    serializer_class = s.VirtualMachineSerializer
+    filterset_class = VirtualMachineFilterSet
+    ordering_fields = ["created_at", "name", "state"]
+    lookup_value_regex = r"[0-9a-fA-F-]{36}"
+    audit_object_type = "compute.virtualmachine"
+
+    def get_queryset(self):
+        return _vm_queryset(super().get_queryset())
+
+    @extend_schema(
+        request=s.VirtualMachineCreateSerializer, responses={202: s.VirtualMachineSerializer}
+    )
+    def create(self, request, project_slug=None):
+        data = s.VirtualMachineCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        project = self.project
+        template = Template.objects.filter(name=v["template"]).first()
+        if template is None:
+            raise InvalidInput.field("template", f"no template named {v['template']!r}")
+        image = Image.objects.usable_by(project).filter(pk=v["image"]).first()
+        if image is None:
+            raise InvalidInput.field("image", f"no image {v['image']} for this project")
+        keys = dict(
+            SSHKey.objects.filter(user=request.user, name__in=v["ssh_keys"]).values_list(
+                "name", "public_key"
+            )
+        )
+        missing = [name for name in v["ssh_keys"] if name not in keys]
+        if missing:
+            raise InvalidInput.field("ssh_keys", f"you have no SSH key named {missing[0]!r}")
+        group = None
+        if v.get("placement_group"):
+            group = (
+                PlacementGroup.objects.for_project(project)
+                .filter(name=v["placement_group"])
+                .first()
+            )
+            if group is None:
+                raise InvalidInput.field(
+                    "placement_group", f"no placement group {v['placement_group']!r} here"
+                )
+        vm, operation = services.vm_create(
+            project=project,
+            name=v["name"],
+            template=template,
+            image=image,
+            ssh_keys=[keys[name] for name in v["ssh_keys"]],
+            user_data=v["user_data"],
+            priority=v["priority"],
+            placement_group=group,
+            wait_for_capacity=v["wait_for_capacity"],
+            actor=request.user,
+        )
+        vm = _vm_queryset(VirtualMachine.objects.filter(pk=vm.pk)).get()
+        body = s.VirtualMachineSerializer(vm, context=self.get_serializer_context()).data
+        body["operation"] = OperationSerializer(operation, context={"request": request}).data["url"]
+        return Response(body, status=202, headers={"Location": body["url"]})
+
+    def _action(self, service):
+        operation = service(vm=self.get_object_for_update(), actor=self.request.user)[1]
+        return accepted(operation, OperationSerializer, self.request)
+
+    def get_object_for_update(self):
+        vm = self.get_object()
+        vm.project = self.project
+        return vm
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, project_slug=None, pk=None):
+        return self._action(services.vm_start)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, project_slug=None, pk=None):
+        return self._action(services.vm_stop)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def reboot(self, request, project_slug=None, pk=None):
+        return self._action(services.vm_reboot)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    def destroy(self, request, project_slug=None, pk=None):
+        return self._action(services.vm_delete)
+
+
+class ProjectImageViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    ProjectScopedViewSet,
+):
+    """Images the project may boot: the public ones and its own. Members register the
+    project's own images and withdraw them; public images are the operators'."""
+
+    model = Image
+    serializer_class = s.ImageSerializer
+    filterset_class = ImageFilterSet
+    ordering_fields = ["name", "created_at"]
+    audit_object_type = "compute.image"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Image.objects.none()
+        return Image.objects.usable_by(self.project).select_related("project")
+
+    def perform_create(self, serializer):
+        serializer.instance = services.image_create(
+            project=self.project, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance):
+        if instance.project_id != self.project.pk:
+            raise PermissionDenied("a public image is withdrawn by operators only")
+        services.image_delete(image=instance)
+
+
+class PlacementGroupViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    ProjectScopedViewSet,
+):
+    """Placement groups: VMs created in one are placed on one host (affinity), on distinct
+    hosts (anti-affinity) or in one rack (compact)."""
+
+    model = PlacementGroup
+    serializer_class = s.PlacementGroupSerializer
+    ordering_fields = ["name", "created_at"]
+    audit_object_type = "compute.placementgroup"
+
+    def perform_create(self, serializer):
+        serializer.instance = services.placement_group_create(
+            project=self.project, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance):
+        services.placement_group_delete(group=instance)
+
+
+# --- templates: everyone reads them, operators write them ---------------------------------------
+
+
+class TemplateViewSet(
+    KumoViewMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """The VM sizes on offer."""
+
+    queryset = Template.objects.filter(active=True)
+    serializer_class = s.TemplateSerializer
+    permission_classes = [IsAuthenticated]
+    lookup_field = "name"
+    filterset_class = TemplateFilterSet
+    ordering_fields = ["name", "vcpus", "gpus"]
+
+
+class OperatorTemplateViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, OperatorViewSet
+):
+    """Every template, withdrawn ones too; operators add sizes and withdraw them."""
+
+    queryset = Template.objects.all()
+    serializer_class = s.TemplateSerializer
+    filterset_class = TemplateFilterSet
+    lookup_field = "name"
+    ordering_fields = ["name", "vcpus", "gpus"]
+    audit_object_type = "compute.template"
+
+    def perform_create(self, serializer):
+        serializer.instance = services.template_create(**serializer.validated_data)
+
+    @extend_schema(request=s.TemplateUpdateSerializer, responses=s.TemplateSerializer)
+    def partial_update(self, request, name=None):
+        data = s.TemplateUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        template = services.template_update(template=self.get_object(), **data.validated_data)
+        return Response(s.TemplateSerializer(template).data)
+
+
+class OperatorImageViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    OperatorViewSet,
+):
+    """Every image; images created here are public."""
+
+    queryset = Image.objects.select_related("project")
+    serializer_class = s.ImageSerializer
+    filterset_class = ImageFilterSet
+    ordering_fields = ["name", "created_at"]
+    audit_object_type = "compute.image"
+
+    def perform_create(self, serializer):
+        serializer.instance = services.image_create(**serializer.validated_data)
+
+    def perform_destroy(self, instance):
+        services.image_delete(image=instance)
+
+
+# --- the fleet, for operators --------------------------------------------------------------------
 
 
 class OperatorHostViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
-    """The fleet, for operators: hosts, their agents' liveness, drain and maintenance."""
+    """The fleet, for operators: hosts, capacity and use, agents' liveness, labels, overcommit,
+    drain and maintenance."""
 
-    queryset = Host.objects.all()
-    serializer_class = HostSerializer
+    queryset = Host.objects.order_by("name").annotate(
+        gpus=Count("devices", filter=Q(devices__kind=DeviceKind.GPU, devices__present=True)),
+        gpus_free=Count(
+            "devices",
+            filter=Q(devices__kind=DeviceKind.GPU, devices__present=True, devices__vm__isnull=True),
+        ),
+    )
+    serializer_class = s.HostSerializer
     filterset_class = HostFilterSet
     ordering_fields = ["name", "state", "last_heartbeat_at"]
     lookup_field = "name"
     audit_object_type = "compute.host"
 
-    @extend_schema(request=HostStateSerializer, responses=HostSerializer)
+    def _fresh(self, host):
+        return self.get_queryset().get(pk=host.pk)
+
+    @extend_schema(request=s.HostUpdateSerializer, responses=s.HostSerializer)
+    def partial_update(self, request, name=None):
+        data = s.HostUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        host = services.host_update(host=self.get_object(), **data.validated_data)
+        return Response(s.HostSerializer(self._fresh(host)).data)
+
+    @extend_schema(request=s.HostStateSerializer, responses=s.HostSerializer)
     @action(detail=True, methods=["post"], url_path="state")
     def set_state(self, request, name=None):
-        data = HostStateSerializer(data=request.data)
+        data = s.HostStateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         host = services.host_set_state(host=self.get_object(), **data.validated_data)
-        return Response(HostSerializer(host).data)
+        return Response(s.HostSerializer(self._fresh(host)).data)
 
     @extend_schema(request=None, responses={202: OperationSerializer})
     @action(detail=True, methods=["post"])
     def ping(self, request, name=None):
         operation = services.host_ping(host=self.get_object(), actor=request.user)
+        return accepted(operation, OperationSerializer, request)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def guests(self, request, name=None):
+        """Ask the host's agent for every Kumo guest it holds, read from libvirt."""
+        operation = services.host_guests_list(host=self.get_object(), actor=request.user)
+        return accepted(operation, OperationSerializer, request)
+
+
+class OperatorDeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
+    """Every GPU and RDMA function of the fleet, and which VM holds it."""
+
+    queryset = Device.objects.select_related("host")
+    serializer_class = s.DeviceSerializer
+    filterset_class = DeviceFilterSet
+    ordering_fields = ["host__name", "pci_address"]
+
+
+class OperatorVirtualMachineViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet
+):
+    """Every VM of every project, for operators."""
+
+    queryset = _vm_queryset(VirtualMachine.objects.all())
+    serializer_class = s.VirtualMachineSerializer
+    filterset_class = VirtualMachineFilterSet
+    ordering_fields = ["created_at", "name", "state"]
+    lookup_value_regex = r"[0-9a-fA-F-]{36}"
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def describe(self, request, pk=None):
+        """Ask the VM's host for the guest as libvirt holds it (domain XML, power state)."""
+        vm = self.get_object()
+        if vm.state == VmState.DELETED:
+            raise NotFound("the VM is deleted")
+        operation = services.vm_describe(vm=vm, actor=request.user)
         return accepted(operation, OperationSerializer, request)

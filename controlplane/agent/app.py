@@ -47,6 +47,47 @@ class Heartbeat(bootsteps.StartStopStep):
             log.warning("heartbeat of %s not sent: %s", config.host, e)
 
 
+class PeriodicReports(bootsteps.StartStopStep):
+    """Sends each app's periodic reports (``plugins.REPORTERS``): once at start, so a
+    restarted agent is reconciled at once, then every interval."""
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.trefs = []
+
+    def start(self, worker):
+        config = runtime.config()
+        for path, interval_field in plugins.REPORTERS:
+            report = _resolve(path)
+            worker.timer.call_after(0.5, self._send, (path, report), priority=5)
+            self.trefs.append(
+                worker.timer.call_repeatedly(
+                    getattr(config, interval_field), self._send, (path, report), priority=5
+                )
+            )
+
+    def stop(self, worker):
+        for tref in self.trefs:
+            tref.cancel()
+        self.trefs = []
+
+    @staticmethod
+    def _send(path, report):
+        try:
+            report()
+        except Exception as e:  # the broker or the hypervisor may be down: next time
+            log.warning("report %s not sent: %s", path, e)
+
+
+def _resolve(path: str):
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def create_app(config: AgentConfig) -> Celery:
     runtime.configure(config)
     app = Celery(f"kumo-agent-{config.host}", set_as_current=True)
@@ -65,6 +106,7 @@ def create_app(config: AgentConfig) -> Celery:
         task_publish_retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
     )
     app.steps["worker"].add(Heartbeat)
+    app.steps["worker"].add(PeriodicReports)
     app.conf.include = list(plugins.HOST_TASK_MODULES)
     metrics.instrument_celery()
     return app

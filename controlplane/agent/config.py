@@ -18,6 +18,9 @@ class AgentConfig:
     libvirt_uri: str  # KUMO_LIBVIRT_URI: qemu:///system, or test:///path/node.xml
     heartbeat_s: float  # KUMO_HEARTBEAT_INTERVAL_S: seconds between heartbeats
     concurrency: int  # KUMO_AGENT_CONCURRENCY: host tasks run at once
+    instances_dir: Path  # KUMO_INSTANCES_DIR: per-guest files (seed ISO, root overlay)
+    guests_report_s: float  # KUMO_GUESTS_REPORT_INTERVAL_S: seconds between guests reports
+    inventory_report_s: float  # KUMO_INVENTORY_INTERVAL_S: seconds between inventory reports
 
     @property
     def transport_options(self) -> dict:
@@ -33,6 +36,12 @@ class AgentConfig:
             "libvirt_uri": env.get("KUMO_LIBVIRT_URI", "qemu:///system"),
             "heartbeat_s": float(env.get("KUMO_HEARTBEAT_INTERVAL_S", "10")),
             "concurrency": int(env.get("KUMO_AGENT_CONCURRENCY", "4")),
+            "guests_report_s": float(env.get("KUMO_GUESTS_REPORT_INTERVAL_S", "30")),
+            "inventory_report_s": float(env.get("KUMO_INVENTORY_INTERVAL_S", "600")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
+        values.setdefault(
+            "instances_dir",
+            Path(env.get("KUMO_INSTANCES_DIR") or values["var_dir"] / "instances" / values["host"]),
+        )
         return cls(**values)

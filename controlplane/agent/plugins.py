@@ -7,6 +7,15 @@ inventory and observed state the same way.
 # Modules holding host tasks (Celery tasks that run on the agent).
 HOST_TASK_MODULES = [
     "controlplane.agent.tasks",
+    "compute.host_tasks",
+]
+
+# Periodic reports: (function path, the AgentConfig field with its interval in seconds).
+# Each is sent once when the agent starts, then every interval; a failed one is logged and
+# the next one tries again.
+REPORTERS = [
+    ("compute.host_tasks:inventory_report", "inventory_report_s"),
+    ("compute.host_tasks:guests_report", "guests_report_s"),
 ]
 
 

@@ -1,5 +1,7 @@
-from django_filters import CharFilter
+from django_filters import CharFilter, TypedChoiceFilter
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 
 from controlplane.errors import InvalidInput
 
@@ -19,3 +21,14 @@ class FilterBackend(DjangoFilterBackend):
             if blank:
                 raise InvalidInput(f"{next(iter(blank))}: no value given", details=blank)
         return filterset
+
+
+@extend_schema_field(OpenApiTypes.BOOL)
+class StrictBooleanFilter(TypedChoiceFilter):
+    """``true`` or ``false`` and nothing else (400): django-filter's BooleanFilter quietly
+    ignores a value it cannot read, which turns a typo into "no filter"."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("choices", [("true", "true"), ("false", "false")])
+        kwargs.setdefault("coerce", lambda value: value == "true")
+        super().__init__(*args, **kwargs)

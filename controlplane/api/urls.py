@@ -9,7 +9,17 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
-from compute.api.views import OperatorHostViewSet
+from compute.api.views import (
+    OperatorDeviceViewSet,
+    OperatorHostViewSet,
+    OperatorImageViewSet,
+    OperatorTemplateViewSet,
+    OperatorVirtualMachineViewSet,
+    PlacementGroupViewSet,
+    ProjectImageViewSet,
+    TemplateViewSet,
+    VirtualMachineViewSet,
+)
 from controlplane.api.views import (
     OperatorAuditEventViewSet,
     OperatorOperationViewSet,
@@ -34,6 +44,7 @@ user_router = DefaultRouter()
 user_router.register("projects", ProjectViewSet, basename="project")
 user_router.register("user/ssh-keys", SSHKeyViewSet, basename="sshkey")
 user_router.register("user/tokens", ApiTokenViewSet, basename="token")
+user_router.register("templates", TemplateViewSet, basename="template")
 
 project_router = SimpleRouter()
 project_router.register(f"{PROJECT}/members", MemberViewSet, basename="project-member")
@@ -44,12 +55,21 @@ project_router.register(
 project_router.register(
     f"{PROJECT}/operations", ProjectOperationViewSet, basename="project-operation"
 )
+project_router.register(f"{PROJECT}/vms", VirtualMachineViewSet, basename="project-vm")
+project_router.register(f"{PROJECT}/images", ProjectImageViewSet, basename="project-image")
+project_router.register(
+    f"{PROJECT}/placement-groups", PlacementGroupViewSet, basename="project-placementgroup"
+)
 
 admin_router = SimpleRouter()
 admin_router.register("admin/projects", OperatorProjectViewSet, basename="admin-project")
 admin_router.register("admin/audit-events", OperatorAuditEventViewSet, basename="admin-auditevent")
 admin_router.register("admin/operations", OperatorOperationViewSet, basename="admin-operation")
 admin_router.register("admin/hosts", OperatorHostViewSet, basename="admin-host")
+admin_router.register("admin/devices", OperatorDeviceViewSet, basename="admin-device")
+admin_router.register("admin/templates", OperatorTemplateViewSet, basename="admin-template")
+admin_router.register("admin/images", OperatorImageViewSet, basename="admin-image")
+admin_router.register("admin/vms", OperatorVirtualMachineViewSet, basename="admin-vm")
 
 urlpatterns = [
     path("auth/login/", LoginView.as_view(), name="login"),

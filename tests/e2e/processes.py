@@ -71,17 +71,19 @@ class Fleet:
         )
 
 
-def start_topology(fleet: Fleet, *, bind: str, hosts: list[str], only=None) -> None:
-    for name, argv in topology(sys.executable, bind=bind, hosts=hosts).items():
+def start_topology(fleet: Fleet, *, bind: str, hosts: list[str], only=None, uris=None) -> None:
+    for name, argv in topology(sys.executable, bind=bind, hosts=hosts, uris=uris).items():
         if only is None or name in only:
             fleet.start(name, argv)
 
 
-def wait_for(predicate, *, timeout: float, what: str, fleet: Fleet | None = None):
+def wait_for(
+    predicate, *, timeout: float, what: str, fleet: Fleet | None = None, interval: float = 0.2
+):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}" + (f"\n{fleet.logs()}" if fleet else ""))

@@ -1,49 +1,16 @@
 """The real topology: web (gunicorn), controller and host agents as separate processes,
 talking through a real broker (the embedded filesystem one, and Redis where it runs)."""
 
-import os
-
 import httpx
 import pytest
 
 from compute.choices import HostState
 from compute.models import Host
 from controlplane.models import Operation
-from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
+from tests.e2e.processes import free_port, start_topology, wait_for
 from tests.factories import UserFactory, token_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-REDIS_URL = os.environ.get("KUMO_TEST_REDIS_URL")
-BROKERS = [
-    pytest.param("filesystem://", id="filesystem"),
-    pytest.param(
-        REDIS_URL,
-        id="redis",
-        marks=pytest.mark.skipif(not REDIS_URL, reason="no Redis: KUMO_TEST_REDIS_URL unset"),
-    ),
-]
-
-
-@pytest.fixture(params=BROKERS)
-def fleet(request, tmp_path, settings):
-    broker = request.param
-    if broker and broker.startswith("redis"):
-        import redis
-
-        redis.Redis.from_url(broker).flushdb()
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url(),
-        CELERY_BROKER_URL=broker,
-        KUMO_VAR_DIR=str(tmp_path),
-        KUMO_HEARTBEAT_INTERVAL_S="1",
-        DATABASE_TEST_NAME="",
-    )
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    fleet = Fleet(env, tmp_path)
-    yield fleet
-    fleet.stop()
 
 
 def test_agents_report_and_answer_operations_and_queued_work_survives_an_agent_crash(fleet):

@@ -1,4 +1,5 @@
-"""``manage.py bootstrap``: the admin user, a demo project and its member. Run it again and
+"""``manage.py bootstrap``: the admin user, a demo project and its member, the VM templates
+and an image for the simulated hosts. Run it again and
 nothing is duplicated: existing users and the project are kept as they are."""
 
 import secrets
@@ -35,6 +36,45 @@ def _user(username: str, *, email: str, is_staff: bool) -> tuple[User, str]:
     return user, password
 
 
+# mdx-like packs: per GPU, 16 vCPUs and 57 GiB (an eighth of a 128-vCPU, 460 GiB node).
+TEMPLATES = [
+    {"name": "cpu-4", "vcpus": 4, "memory_gib": 16, "disk_gib": 40},
+    {"name": "cpu-16", "vcpus": 16, "memory_gib": 64, "disk_gib": 100},
+    *(
+        {
+            "name": f"gpu-{n}",
+            "vcpus": 16 * n,
+            "memory_gib": 56 * n,
+            "gpus": n,
+            "gpu_model": "A100-SXM4-40GB",
+            "disk_gib": 200,
+        }
+        for n in (1, 2, 4, 8)
+    ),
+]
+# Simulated hosts read no disk: this image names a path no host needs to hold.
+SIM_IMAGE = {
+    "name": "ubuntu-24.04",
+    "os_distro": "ubuntu",
+    "os_version": "24.04",
+    "format": "qcow2",
+    "location": "/var/lib/kumo/images/ubuntu-24.04.qcow2",
+    "checksum": "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "description": "for simulated hosts (libvirt's test driver reads no disk)",
+}
+
+
+def _catalog() -> None:
+    from compute import services as compute
+    from compute.models import Image, Template
+
+    for fields in TEMPLATES:
+        if not Template.objects.filter(name=fields["name"]).exists():
+            compute.template_create(**fields)
+    if not Image.objects.filter(name=SIM_IMAGE["name"], project=None).exists():
+        compute.image_create(**SIM_IMAGE)
+
+
 class Command(BaseCommand):
     help = "Create the admin user, a demo project and a demo member (idempotent)."
 
@@ -52,6 +92,7 @@ class Command(BaseCommand):
                 )
             if not Membership.objects.filter(project=project, user=alice).exists():
                 services.membership_add(project=project, user=alice, role=Role.MEMBER)
+            _catalog()
         self.credentials = {"admin": admin_pw, "alice": alice_pw}
         self.stdout.write(f"admin / {admin_pw}   (staff, owner of project {DEMO_PROJECT})")
         self.stdout.write(f"alice / {alice_pw}   (member of project {DEMO_PROJECT})")

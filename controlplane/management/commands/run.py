@@ -19,8 +19,11 @@ from honcho.printer import Printer
 DEFAULT_HOSTS = "gpu-01,gpu-02,cpu-01"
 
 
-def topology(python: str, *, bind: str, hosts: list[str]) -> dict[str, list[str]]:
-    """The processes of one Kumo machine: name -> argv."""
+def topology(
+    python: str, *, bind: str, hosts: list[str], uris: dict[str, str] | None = None
+) -> dict[str, list[str]]:
+    """The processes of one Kumo machine: name -> argv. ``uris`` gives each simulated host
+    its libvirt test-driver node (``manage.py simfleet`` writes them)."""
     celery = [python, "-m", "celery", "-A", "controlplane.celery"]
     processes = {
         "web": [
@@ -38,11 +41,11 @@ def topology(python: str, *, bind: str, hosts: list[str]) -> dict[str, list[str]
         ],
     }  # fmt: skip
     for host in hosts:
-        # Simulated hosts: libvirt's own test driver, no daemon. Compute gives each host a
-        # node description with its GPUs; until then the driver's default node serves.
+        # Simulated hosts: libvirt's own test driver, no daemon, on a node description with
+        # the host's CPUs, NUMA cells and GPUs.
+        uri = (uris or {}).get(host) or os.environ.get("KUMO_SIM_LIBVIRT_URI", "test:///default")
         processes[f"agent-{host}"] = [
-            python, "-m", "controlplane.agent", "--host", host,
-            "--libvirt-uri", os.environ.get("KUMO_SIM_LIBVIRT_URI", "test:///default"),
+            python, "-m", "controlplane.agent", "--host", host, "--libvirt-uri", uri,
         ]  # fmt: skip
     return processes
 
@@ -72,6 +75,9 @@ class Command(BaseCommand):
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
         host_list = [h.strip() for h in hosts.split(",") if h.strip()]
+        from compute.management.commands.simfleet import write_and_register
+
+        uris = write_and_register(settings.VAR_DIR / "fleet", host_list)
         base = f"http://{bind}"
         self.stdout.write(
             "\n".join(
@@ -95,7 +101,7 @@ class Command(BaseCommand):
         self.stdout.flush()
 
         manager = Manager(Printer(sys.stdout))
-        for name, argv in topology(sys.executable, bind=bind, hosts=host_list).items():
+        for name, argv in topology(sys.executable, bind=bind, hosts=host_list, uris=uris).items():
             manager.add_process(name, " ".join(_quote(a) for a in argv), env=env)
         manager.loop()
         sys.exit(manager.returncode)

@@ -1,4 +1,4 @@
-"""Writes to hosts: heartbeats in, liveness checks, operator state changes, pings out."""
+"""Writes to hosts: heartbeats in, liveness checks, operator labels and states, pings out."""
 
 import logging
 from datetime import datetime, timedelta
@@ -8,8 +8,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from compute.choices import OPERATOR_STATES, HostState
-from compute.models import Host
+from compute.choices import OPERATOR_STATES, HostState, PowerState, VmState
+from compute.models import Host, VirtualMachine
 from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.services import operation_create
@@ -68,9 +68,58 @@ def hosts_check(*, now: datetime | None = None) -> list[str]:
             host.state_reason = f"no heartbeat since {host.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
             host.save(update_fields=["state", "state_reason", "updated_at"])
             audit.record("host.down", host, detail={"from": previous, "reason": host.state_reason})
+            # What runs there is unknown until its agent reports again.
+            VirtualMachine.objects.filter(host=host).exclude(state=VmState.DELETED).update(
+                power_state=PowerState.UNKNOWN, updated_at=now
+            )
             log.warning("host %s marked down: %s", host.name, host.state_reason)
             names.append(host.name)
     return names
+
+
+@transaction.atomic
+def host_update(
+    *,
+    host: Host,
+    rack: str | None = None,
+    zone: str | None = None,
+    cpu_allocation_ratio: float | None = None,
+    ram_allocation_ratio: float | None = None,
+) -> Host:
+    """An operator labels a host (rack, zone) or sets its overcommit ratios. Lowering a
+    ratio below what is already placed is refused: it would strand running VMs."""
+    host = Host.objects.select_for_update().get(pk=host.pk)
+    changes = {
+        k: v
+        for k, v in {
+            "rack": rack,
+            "zone": zone,
+            "cpu_allocation_ratio": cpu_allocation_ratio,
+            "ram_allocation_ratio": ram_allocation_ratio,
+        }.items()
+        if v is not None and getattr(host, k) != v
+    }
+    for name, value in changes.items():
+        setattr(host, name, value)
+    if host.vcpus_capacity < host.vcpus_used:
+        raise Conflict(
+            f"host {host.name} has {host.vcpus_used} vCPUs placed; a ratio of "
+            f"{host.cpu_allocation_ratio} allows only {host.vcpus_capacity}",
+            details={"cpu_allocation_ratio": ["below what is already placed"]},
+        )
+    if host.memory_mib_capacity < host.memory_mib_used:
+        raise Conflict(
+            f"host {host.name} has {host.memory_mib_used} MiB placed; a ratio of "
+            f"{host.ram_allocation_ratio} allows only {host.memory_mib_capacity}",
+            details={"ram_allocation_ratio": ["below what is already placed"]},
+        )
+    if changes:
+        host.save(update_fields=[*changes, "updated_at"])
+        audit.record("host.update", host, detail={k: str(v) for k, v in changes.items()})
+        from compute import placement
+
+        transaction.on_commit(placement.view.invalidate, robust=True)
+    return host
 
 
 @transaction.atomic

@@ -1,0 +1,285 @@
+"""Placement against the database: the scheduler's view, the atomic claim, the release.
+
+The view (``compute.scheduler.Scheduler``) is loaded from the database and kept for
+``KUMO_SCHEDULER_VIEW_TTL_S`` seconds in each process; it may be stale, so the claim
+re-checks everything in one transaction:
+
+1. ``UPDATE host SET vcpus_used = vcpus_used + v, … WHERE state = 'up' AND vcpus_used + v
+   <= floor(vcpus * ratio) AND …``: one statement that checks and moves the host's counters
+   under the row lock it takes, so two claims on one host queue and the second sees the first;
+2. ``UPDATE device SET vm = … WHERE id IN (…) AND vm IS NULL``: every chosen GPU, or none;
+3. the placement group's row is locked and its policy re-checked against its members;
+4. the VM moves to provisioning with a conditional UPDATE on its generation.
+
+A claim that loses a race rolls back to its savepoint, refreshes that host in the view and
+decides again; nothing is ever allocated twice, whatever the view said.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Floor
+from django.utils import timezone
+
+from compute.choices import DeviceKind, HostState, VmState
+from compute.models import Device, Host, PlacementGroup, VirtualMachine
+from compute.scheduler import (
+    GROUP_FILTERS,
+    HostView,
+    NoValidHost,
+    Placement,
+    Request,
+    Scheduler,
+)
+
+log = logging.getLogger(__name__)
+
+CLAIM_ATTEMPTS = 8
+LIVE_STATES = [
+    VmState.PENDING,
+    VmState.PROVISIONING,
+    VmState.RUNNING,
+    VmState.STOPPED,
+    VmState.ERROR,
+    VmState.EVICTING,
+]
+
+
+class ClaimConflict(Exception):
+    """The view was stale: the host or its devices changed since it was loaded."""
+
+
+# --- the view -----------------------------------------------------------------------------------
+
+
+def _host_views(hosts) -> list[HostView]:
+    """Views of the hosts of queryset ``hosts``: free capacity and free GPUs per cell."""
+    views = {
+        row["id"]: HostView(
+            id=row["id"],
+            name=row["name"],
+            rack=row["rack"],
+            vcpus_free=int(row["vcpus"] * row["cpu_allocation_ratio"]) - row["vcpus_used"],
+            memory_mib_free=int(row["memory_mib"] * row["ram_allocation_ratio"])
+            - row["memory_mib_used"],
+        )
+        for row in hosts.values(
+            "id",
+            "name",
+            "rack",
+            "vcpus",
+            "memory_mib",
+            "cpu_allocation_ratio",
+            "ram_allocation_ratio",
+            "vcpus_used",
+            "memory_mib_used",
+        )
+    }
+    gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
+    for host_id, device_id, cell, model, vm_id in gpus.values_list(
+        "host_id", "id", "numa_node", "model", "vm_id"
+    ).order_by():
+        host = views[host_id]
+        cell = cell if cell is not None else 0
+        host.gpu_model = model
+        host.cell_sizes[cell] = host.cell_sizes.get(cell, 0) + 1
+        free = host.cells.setdefault(cell, [])
+        if vm_id is None:
+            free.append(device_id)
+    return list(views.values())
+
+
+def load_scheduler(*, sample: int | None = None) -> Scheduler:
+    """A fresh view of every host that is up."""
+    excluded = Host.objects.exclude(state=HostState.UP).count()
+    return Scheduler(
+        _host_views(Host.objects.filter(state=HostState.UP)),
+        excluded=excluded,
+        sample=sample or settings.SCHEDULER_SAMPLE,
+    )
+
+
+class _CachedView:
+    """This process's view, shared by its threads, reloaded when older than the TTL."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.scheduler: Scheduler | None = None
+        self.loaded_at = 0.0
+
+    def get(self, *, fresh: bool = False) -> Scheduler:
+        ttl = settings.SCHEDULER_VIEW_TTL_S
+        if fresh or self.scheduler is None or time.monotonic() - self.loaded_at > ttl:
+            self.scheduler = load_scheduler()
+            self.loaded_at = time.monotonic()
+        return self.scheduler
+
+    def refresh_host(self, host_id: int) -> None:
+        if self.scheduler is None:
+            return
+        views = _host_views(Host.objects.filter(pk=host_id, state=HostState.UP))
+        self.scheduler.remove(host_id)
+        for view in views:
+            self.scheduler.add(view)
+
+    def invalidate(self) -> None:
+        self.scheduler = None
+
+
+view = _CachedView()
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+def request_for(vm: VirtualMachine, *, group_locked: bool = False) -> Request:
+    """The scheduler's request for ``vm``, with where its group's members already are."""
+    policy, hosts, racks = "", frozenset(), frozenset()
+    if vm.placement_group_id is not None:
+        group = vm.placement_group
+        policy = group.policy
+        members = (
+            VirtualMachine.objects.filter(
+                placement_group_id=group.pk, host__isnull=False, state__in=LIVE_STATES
+            )
+            .exclude(pk=vm.pk)
+            .values_list("host_id", "rack")
+        )
+        pairs = list(members)
+        hosts = frozenset(h for h, _ in pairs)
+        racks = frozenset(r for _, r in pairs)
+    return Request(
+        vcpus=vm.vcpus,
+        memory_mib=vm.memory_mib,
+        gpus=vm.gpus,
+        gpu_model=vm.gpu_model,
+        group_policy=policy,
+        group_hosts=hosts,
+        group_racks=racks,
+    )
+
+
+# --- the claim ----------------------------------------------------------------------------------
+
+
+def claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
+    """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict
+    (leaving nothing behind: it runs in a savepoint) when the database disagrees."""
+    with transaction.atomic():
+        _claim(vm, placement, req)
+
+
+def _claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
+    moved = Host.objects.filter(
+        pk=placement.host_id,
+        state=HostState.UP,
+        vcpus_used__lte=Floor(F("vcpus") * F("cpu_allocation_ratio")) - req.vcpus,
+        memory_mib_used__lte=Floor(F("memory_mib") * F("ram_allocation_ratio")) - req.memory_mib,
+    ).update(
+        vcpus_used=F("vcpus_used") + req.vcpus,
+        memory_mib_used=F("memory_mib_used") + req.memory_mib,
+    )
+    if not moved:
+        raise ClaimConflict(f"host {placement.host_name} no longer has the room")
+    if placement.device_ids:
+        taken = Device.objects.filter(
+            pk__in=placement.device_ids,
+            host_id=placement.host_id,
+            vm__isnull=True,
+            present=True,
+        ).update(vm=vm)
+        if taken != len(placement.device_ids):
+            raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
+    if vm.placement_group_id is not None:
+        PlacementGroup.objects.select_for_update().get(pk=vm.placement_group_id)
+        current = request_for(vm)
+        probe = HostView(id=placement.host_id, name=placement.host_name, rack=placement.rack)
+        if not all(check(probe, current) for check in GROUP_FILTERS):
+            raise ClaimConflict("another member of the placement group was placed meanwhile")
+    changes = {
+        "host_id": placement.host_id,
+        "numa_cell": placement.numa_cell,
+        "rack": placement.rack,
+        "state": VmState.PROVISIONING,
+        "state_reason": "",
+        "generation": vm.generation + 1,
+    }
+    updated = VirtualMachine.objects.filter(
+        pk=vm.pk, generation=vm.generation, host__isnull=True
+    ).update(**changes, updated_at=timezone.now())
+    if not updated:
+        raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
+    for name, value in changes.items():
+        setattr(vm, name, value)
+
+
+def place(vm: VirtualMachine) -> Placement:
+    """Decide and claim a host for ``vm`` in the caller's transaction.
+
+    Retries a lost race on a refreshed view; when nothing fits even on a fresh view, raises
+    ``NoValidHost`` with the reason for the user.
+    """
+    req = request_for(vm)
+    fresh = False
+    for _attempt in range(CLAIM_ATTEMPTS):
+        with view.lock:
+            scheduler = view.get(fresh=fresh)
+            try:
+                placement = scheduler.select(req)
+            except NoValidHost:
+                if fresh:
+                    raise
+                fresh = True  # the view may be stale: look once more on a fresh one
+                continue
+            scheduler.reserve(placement, req)
+        try:
+            claim(vm, placement, req)
+        except ClaimConflict as e:
+            log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
+            with view.lock:
+                view.refresh_host(placement.host_id)
+            if vm.placement_group_id is not None:
+                req = request_for(vm)
+            continue
+        log.info(
+            "vm %s placed on %s cell %s gpus %s (generation %d)",
+            vm.pk,
+            placement.host_name,
+            placement.numa_cell,
+            len(placement.device_ids),
+            vm.generation,
+        )
+        return placement
+    raise NoValidHost(
+        req,
+        len(view.get().hosts),
+        Counter(),
+        0,
+        reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
+    )
+
+
+def release(vm: VirtualMachine) -> None:
+    """Give back what ``vm`` holds on its host: its devices and its share of the counters.
+    Call once, in the transaction that moves the VM to a state that holds nothing."""
+    if vm.host_id is None:
+        return
+    Device.objects.filter(vm=vm).update(vm=None)
+    Host.objects.filter(pk=vm.host_id).update(
+        vcpus_used=F("vcpus_used") - vm.vcpus,
+        memory_mib_used=F("memory_mib_used") - vm.memory_mib,
+    )
+    host_id = vm.host_id
+
+    def refresh():
+        with view.lock:
+            view.refresh_host(host_id)
+
+    transaction.on_commit(refresh, robust=True)

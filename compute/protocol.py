@@ -1,0 +1,90 @@
+"""The wire between the controller and the compute side of host agents.
+
+Django-free: both sides import it, and nothing else of each other. Task names, report kinds
+and the JSON shape of a guest's desired state live here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from compute.drivers.base import HostInventory
+
+# Commands, on the host's own queue.
+VM_APPLY_TASK = "kumo.host.compute.vm_apply"
+VM_DESCRIBE_TASK = "kumo.host.compute.vm_describe"
+GUESTS_LIST_TASK = "kumo.host.compute.guests_list"
+
+# Reports, to the controller's queue.
+INVENTORY_REPORT = "compute.inventory"
+GUESTS_REPORT = "compute.guests"
+VM_OBSERVED_REPORT = "compute.vm_observed"
+
+ABSENT = "absent"  # the power state of a guest the host does not have
+
+
+@dataclass(frozen=True)
+class DeviceWire:
+    address: str
+    kind: str
+    numa_node: int | None = None
+    class_code: int = 0
+    vendor_id: int = 0
+    product_id: int = 0
+
+
+@dataclass(frozen=True)
+class VmApply:
+    """What the controller wants of one guest at one generation.
+
+    ``desired`` is running, stopped or absent. ``reboot`` asks for one power cycle, done
+    only by the call that first applies this generation, so a repeated message never
+    reboots twice.
+    """
+
+    vm_id: str
+    generation: int
+    desired: str
+    name: str = ""
+    hostname: str = ""
+    vcpus: int = 1
+    memory_mib: int = 1
+    numa_cell: int | None = None
+    devices: tuple[DeviceWire, ...] = ()
+    image_location: str = ""
+    image_format: str = "qcow2"
+    disk_gib: int = 0
+    ssh_keys: tuple[str, ...] = ()
+    user_data: str = ""
+    reboot: bool = False
+    graceful_timeout_s: float = 60.0
+    operation_id: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def to_wire(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict) -> VmApply:
+        data = dict(data)
+        data["devices"] = tuple(DeviceWire(**d) for d in data.get("devices", ()))
+        data["ssh_keys"] = tuple(data.get("ssh_keys", ()))
+        return cls(**data)
+
+
+def inventory_payload(inventory: HostInventory) -> dict:
+    """The JSON form of a host's inventory (``compute.services.inventory_reported`` reads it)."""
+    payload = asdict(inventory)
+    payload["cells"] = [
+        {"id": c.id, "cpus": list(c.cpus), "memory_mib": c.memory_mib} for c in inventory.cells
+    ]
+    payload["devices"] = [
+        {
+            **asdict(d),
+            "address": str(d.address),
+            "kind": d.kind.value,
+            "physical_function": str(d.physical_function) if d.physical_function else "",
+        }
+        for d in inventory.devices
+    ]
+    return payload

@@ -1,0 +1,40 @@
+"""Compute's part of project quotas: VMs, vCPUs, memory and GPUs, counted from the VMs
+that exist (every state but deleted and evicted holds its share)."""
+
+from django.db.models import Count, Sum
+
+from compute.choices import VmState
+from compute.models import VirtualMachine
+from tenants import quotas
+
+RELEASED = [VmState.DELETED, VmState.EVICTED]
+
+
+def _usage(project) -> dict[str, int]:
+    totals = (
+        VirtualMachine.objects.for_project(project)
+        .exclude(state__in=RELEASED)
+        .aggregate(vms=Count("pk"), vcpus=Sum("vcpus"), memory=Sum("memory_mib"), gpus=Sum("gpus"))
+    )
+    return {
+        "vms": totals["vms"] or 0,
+        "vcpus": totals["vcpus"] or 0,
+        "memory_gib": -(-(totals["memory"] or 0) // 1024),
+        "gpus": totals["gpus"] or 0,
+    }
+
+
+def _counter(resource: str):
+    def count(project) -> int:
+        return _usage(project)[resource]
+
+    count.__name__ = f"compute_{resource}"
+    return count
+
+
+_COUNTERS = {resource: _counter(resource) for resource in ("vms", "vcpus", "memory_gib", "gpus")}
+
+
+def register() -> None:
+    for resource, counter in _COUNTERS.items():
+        quotas.register_usage(resource, counter)

@@ -1,0 +1,351 @@
+"""Placement decisions: small filters and weighers over an in-memory view of the hosts.
+
+No database here: ``compute.placement`` loads the view, asks for a decision, and claims it
+in a transaction that re-checks everything (the view may be stale; the claim never is).
+
+The rules:
+
+* 1 to 4 GPUs come from one NUMA cell (the vCPUs are pinned to it); more take a whole
+  node (8 on an 8-GPU host).
+* GPU VMs pack: the host and cell with the fewest free GPUs that still fit, so whole
+  nodes stay free for 8-GPU VMs. CPU VMs spread (most free vCPUs) and keep off GPU hosts
+  while CPU hosts have room.
+* Placement groups: affinity (the members' host), anti-affinity (a host with no member),
+  compact (the members' rack).
+* Only hosts that are up are in the view: drained, in maintenance or down take nothing.
+
+Speed: a decision must not walk 5,000 hosts. GPU hosts are indexed by their pattern of free
+GPUs per cell (few distinct patterns exist), visited tightest fit first; CPU requests walk
+from a rotating start and weigh only the first ``sample`` hosts that pass the filters, as
+kube-scheduler scores a subset of feasible nodes.
+
+Concurrent schedulers: several processes decide on views that do not see each other's
+reservations. Were equally good hosts visited in the same order everywhere, every process
+would pick the same host for its next VM and all but one would lose the claim, in lockstep
+(Nova's ``shuffle_best_same_weighed_hosts`` answers the same problem). So each scheduler
+visits the hosts of one GPU pattern from a random point: the fit is as tight, and processes
+fill different hosts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HostView:
+    """One schedulable host as the scheduler sees it. ``cells`` maps a NUMA cell to the ids
+    of its free GPUs; ``cell_sizes`` to how many GPUs it has in all."""
+
+    id: int
+    name: str
+    rack: str = ""
+    vcpus_free: int = 0
+    memory_mib_free: int = 0
+    gpu_model: str = ""
+    cells: dict[int, list[int]] = field(default_factory=dict)
+    cell_sizes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(self.cell_sizes.values())
+
+    @property
+    def gpus_free(self) -> int:
+        return sum(len(free) for free in self.cells.values())
+
+    def pattern(self) -> tuple[int, ...]:
+        """Free GPUs per cell, in cell order: the key of the GPU index."""
+        return tuple(len(self.cells[cell]) for cell in sorted(self.cells))
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one VM needs. ``group_hosts`` / ``group_racks``: where its placement group's
+    other members already are."""
+
+    vcpus: int
+    memory_mib: int
+    gpus: int = 0
+    gpu_model: str = ""
+    group_policy: str = ""
+    group_hosts: frozenset[int] = frozenset()
+    group_racks: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Placement:
+    host_id: int
+    host_name: str
+    numa_cell: int | None
+    device_ids: tuple[int, ...]
+    rack: str = ""
+
+
+class NoValidHost(Exception):
+    """Nothing fits. ``reason`` is a sentence for the user; ``rejected`` counts, per filter,
+    the hosts it turned away."""
+
+    def __init__(
+        self,
+        request: Request,
+        considered: int,
+        rejected: Counter,
+        excluded: int,
+        *,
+        reason: str = "",
+    ):
+        self.request = request
+        self.rejected = rejected
+        what = f"{request.vcpus} vCPUs, {request.memory_mib // 1024} GiB"
+        if request.gpus:
+            where = "on one NUMA cell" if request.gpus <= 4 else "on one whole node"
+            what += f", {request.gpus} {request.gpu_model or 'GPU'} GPUs {where}"
+        parts = [f"{count} {FILTER_REASONS[name]}" for name, count in rejected.most_common()]
+        if excluded:
+            parts.append(f"{excluded} not in service (draining, maintenance or down)")
+        self.reason = reason or f"no host has {what} free: {considered} hosts up" + (
+            f"; {', '.join(parts)}" if parts else ""
+        )
+        super().__init__(self.reason)
+
+
+# --- filters: (host, request) -> passes? ------------------------------------------------------
+
+Filter = Callable[[HostView, Request], bool]
+
+
+def capacity_filter(host: HostView, req: Request) -> bool:
+    return host.vcpus_free >= req.vcpus and host.memory_mib_free >= req.memory_mib
+
+
+def gpu_filter(host: HostView, req: Request) -> bool:
+    if req.gpus == 0:
+        return True
+    if req.gpu_model and host.gpu_model != req.gpu_model:
+        return False
+    return _pick_cell(host, req.gpus) is not False
+
+
+def affinity_filter(host: HostView, req: Request) -> bool:
+    return req.group_policy != "affinity" or not req.group_hosts or host.id in req.group_hosts
+
+
+def anti_affinity_filter(host: HostView, req: Request) -> bool:
+    return req.group_policy != "anti_affinity" or host.id not in req.group_hosts
+
+
+def compact_filter(host: HostView, req: Request) -> bool:
+    return req.group_policy != "compact" or not req.group_racks or host.rack in req.group_racks
+
+
+GROUP_FILTERS = (affinity_filter, anti_affinity_filter, compact_filter)
+
+FILTERS: dict[str, Filter] = {
+    "gpu": gpu_filter,
+    "capacity": capacity_filter,
+    "affinity": affinity_filter,
+    "anti_affinity": anti_affinity_filter,
+    "compact": compact_filter,
+}
+FILTER_REASONS = {
+    "gpu": "without enough free GPUs of that model",
+    "capacity": "without enough free vCPUs or memory",
+    "affinity": "not the host of the placement group (affinity)",
+    "anti_affinity": "already hold a member of the placement group (anti-affinity)",
+    "compact": "outside the placement group's rack (compact)",
+}
+
+
+# --- weighers: (host, request) -> score, higher is better -------------------------------------
+
+
+def pack_gpus_weigher(host: HostView, req: Request) -> float:
+    """GPU VMs: the tightest cell first (fewest free GPUs that still fit), then the host
+    with the fewest free GPUs: whole cells and whole nodes stay whole."""
+    if not req.gpus:
+        return 0.0
+    cell = _pick_cell(host, req.gpus)
+    cell_free = len(host.cells[cell]) if isinstance(cell, int) and cell is not False else 0
+    return -float(cell_free * 64 + host.gpus_free)
+
+
+def spread_cpus_weigher(host: HostView, req: Request) -> float:
+    """CPU VMs: more free vCPUs is better, and GPU hosts are kept for GPU work."""
+    if req.gpus:
+        return 0.0
+    return host.vcpus_free - (1_000_000.0 if host.gpus_total else 0.0)
+
+
+WEIGHERS = (pack_gpus_weigher, spread_cpus_weigher)
+
+
+def _pick_cell(host: HostView, gpus: int) -> int | bool | None:
+    """The cell to take ``gpus`` from (tightest fit), ``None`` for a whole-node request that
+    fits, ``False`` when it does not fit."""
+    if gpus > max(host.cell_sizes.values(), default=0):
+        fits = host.gpus_free >= gpus and host.gpus_free == host.gpus_total
+        return None if fits else False
+    fitting = [(len(free), cell) for cell, free in host.cells.items() if len(free) >= gpus]
+    return min(fitting)[1] if fitting else False
+
+
+def _pack_order(pattern: tuple[int, ...], gpus: int) -> tuple[int, int] | None:
+    """Sort key of a free-GPU pattern for a request of ``gpus``; ``None`` if none fits."""
+    if gpus <= 4:
+        fitting = [free for free in pattern if free >= gpus]
+        return (min(fitting), sum(pattern)) if fitting else None
+    return (0, sum(pattern)) if sum(pattern) >= gpus else None
+
+
+class Scheduler:
+    """Decisions over one view of the hosts. Not thread-safe: callers serialise ``select``
+    with ``reserve``/``unreserve`` (``compute.placement`` holds a lock)."""
+
+    def __init__(
+        self,
+        hosts: Iterable[HostView],
+        *,
+        excluded: int = 0,
+        sample: int = 16,
+        rng: random.Random | None = None,
+    ):
+        self.hosts: dict[int, HostView] = {}
+        self.excluded = excluded
+        self.sample = sample
+        self._rng = rng or random.Random()  # where to start among equally good GPU hosts
+        self._cpu_order: list[int] = []
+        self._gpu_index: dict[tuple[str, tuple[int, ...]], set[int]] = defaultdict(set)
+        self._start = itertools.count()
+        for host in hosts:
+            self.add(host)
+
+    # -- the view ------------------------------------------------------------------------------
+
+    def add(self, host: HostView) -> None:
+        if host.id in self.hosts:
+            self.remove(host.id)
+        self.hosts[host.id] = host
+        self._cpu_order.append(host.id)
+        if host.gpus_total:
+            self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
+
+    def remove(self, host_id: int) -> None:
+        host = self.hosts.pop(host_id, None)
+        if host is None:
+            return
+        self._cpu_order.remove(host_id)
+        if host.gpus_total:
+            self._gpu_index[(host.gpu_model, host.pattern())].discard(host_id)
+
+    def reserve(self, placement: Placement, req: Request) -> None:
+        """Take what ``placement`` holds out of the view (before the claim commits)."""
+        self._change(placement, req, sign=-1)
+
+    def unreserve(self, placement: Placement, req: Request) -> None:
+        """Give back a reservation whose claim failed."""
+        self._change(placement, req, sign=+1)
+
+    def _change(self, placement: Placement, req: Request, *, sign: int) -> None:
+        host = self.hosts.get(placement.host_id)
+        if host is None:
+            return
+        key = (host.gpu_model, host.pattern())
+        host.vcpus_free += sign * req.vcpus
+        host.memory_mib_free += sign * req.memory_mib
+        if placement.device_ids:
+            self._gpu_index[key].discard(host.id)
+            if sign < 0:
+                taken = set(placement.device_ids)
+                for cell in host.cells:
+                    host.cells[cell] = [d for d in host.cells[cell] if d not in taken]
+            else:
+                # Given back to their cells; which cell each was on is in the claim's view.
+                for device_id, cell in zip(
+                    placement.device_ids, self._cells_of(placement), strict=True
+                ):
+                    host.cells[cell].append(device_id)
+            self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
+
+    def _cells_of(self, placement: Placement) -> list[int]:
+        host = self.hosts[placement.host_id]
+        if placement.numa_cell is not None:
+            return [placement.numa_cell] * len(placement.device_ids)
+        # Whole node: GPUs go back cell by cell up to each cell's size.
+        cells = []
+        for cell in sorted(host.cell_sizes):
+            cells.extend([cell] * (host.cell_sizes[cell] - len(host.cells[cell])))
+        return cells[: len(placement.device_ids)]
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def select(self, req: Request) -> Placement:
+        """The best host for ``req`` in this view; ``NoValidHost`` when nothing fits."""
+        rejected: Counter = Counter()
+        feasible: list[HostView] = []
+        visited = 0
+        for host in self._candidates(req):
+            visited += 1
+            failed = next((name for name, f in FILTERS.items() if not f(host, req)), None)
+            if failed is not None:
+                rejected[failed] += 1
+                continue
+            feasible.append(host)
+            if len(feasible) >= self.sample:
+                break
+        if not feasible:
+            if req.gpus:  # hosts the GPU index never offered lacked the GPUs
+                rejected["gpu"] += len(self.hosts) - visited
+            raise NoValidHost(req, len(self.hosts), rejected, self.excluded)
+        best = max(feasible, key=lambda host: tuple(w(host, req) for w in WEIGHERS))
+        cell = _pick_cell(best, req.gpus) if req.gpus else None
+        if req.gpus == 0:
+            devices: tuple[int, ...] = ()
+        elif cell is None:
+            devices = tuple(
+                itertools.islice(
+                    (d for c in sorted(best.cells) for d in sorted(best.cells[c])), req.gpus
+                )
+            )
+        else:
+            devices = tuple(sorted(best.cells[cell])[: req.gpus])
+        return Placement(best.id, best.name, cell if req.gpus else None, devices, best.rack)
+
+    def _candidates(self, req: Request) -> Iterator[HostView]:
+        if req.group_policy == "affinity" and req.group_hosts:
+            yield from (self.hosts[h] for h in req.group_hosts if h in self.hosts)
+            return
+        if req.gpus:
+            yield from self._gpu_candidates(req)
+            return
+        order = self._cpu_order
+        if not order:
+            return
+        start = next(self._start) % len(order)
+        cpu_first = itertools.chain(order[start:], order[:start])
+        gpu_hosts = []
+        for host_id in cpu_first:
+            host = self.hosts[host_id]
+            if host.gpus_total:
+                gpu_hosts.append(host)
+            else:
+                yield host
+        yield from gpu_hosts
+
+    def _gpu_candidates(self, req: Request) -> Iterator[HostView]:
+        keyed = []
+        for (model, pattern), ids in self._gpu_index.items():
+            if not ids or (req.gpu_model and model != req.gpu_model):
+                continue
+            order = _pack_order(pattern, req.gpus)
+            if order is not None:
+                keyed.append((order, model, pattern))
+        for _order, model, pattern in sorted(keyed):
+            ids = list(self._gpu_index[(model, pattern)])
+            start = self._rng.randrange(len(ids))  # equally tight: spread concurrent schedulers
+            for host_id in itertools.chain(ids[start:], ids[:start]):
+                yield self.hosts[host_id]

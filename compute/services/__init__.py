@@ -1,0 +1,67 @@
+"""Every write to compute's objects, one module per part:
+
+- ``hosts``: heartbeats, liveness, operator labels and states, pings;
+- ``catalog``: templates, images and placement groups;
+- ``vms``: the VM life cycle (create, start, stop, reboot, delete) and pending placement;
+- ``reconcile``: what agents report (inventory, guests, observed state) and the drift work.
+"""
+
+from compute.services.catalog import (
+    image_create,
+    image_delete,
+    placement_group_create,
+    placement_group_delete,
+    template_create,
+    template_update,
+)
+from compute.services.hosts import (
+    PING_TASK,
+    host_heartbeat,
+    host_ping,
+    host_set_state,
+    host_update,
+    hosts_check,
+)
+from compute.services.reconcile import (
+    guests_reported,
+    host_guests_list,
+    inventory_reported,
+    vm_describe,
+    vm_observed,
+    vms_reap_stuck,
+)
+from compute.services.vms import (
+    vm_create,
+    vm_delete,
+    vm_reboot,
+    vm_schedule_pending,
+    vm_start,
+    vm_stop,
+)
+
+__all__ = [
+    "PING_TASK",
+    "guests_reported",
+    "host_guests_list",
+    "host_heartbeat",
+    "host_ping",
+    "host_set_state",
+    "host_update",
+    "hosts_check",
+    "image_create",
+    "image_delete",
+    "inventory_reported",
+    "placement_group_create",
+    "placement_group_delete",
+    "template_create",
+    "template_update",
+    "vm_create",
+    "vm_delete",
+    "vm_describe",
+    "vm_observed",
+    "vm_reboot",
+    "vm_schedule_pending",
+    "vm_start",
+    "vm_stop",
+    "vms_reap_stuck",
+]

@@ -1,0 +1,371 @@
+"""What host agents report, and the work that makes hosts match the database again.
+
+- ``inventory_reported``: a host's CPUs, memory, NUMA cells and devices.
+- ``vm_observed``: the outcome of one ``vm_apply`` on a host.
+- ``guests_reported``: every Kumo guest a host holds, sent periodically and at agent start.
+  Drift is re-issued (a placed VM whose guest is missing or behind its generation), and a
+  guest no live VM accounts for is an orphan, destroyed after ``KUMO_ORPHAN_GRACE_S``.
+- ``vms_reap_stuck``: a VM still provisioning past its deadline is marked error.
+
+A message lost anywhere (broker restart, agent killed mid-task) therefore delays
+convergence by one report interval; it never loses what a user asked for.
+"""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from compute import placement
+from compute.choices import DesiredPower, DeviceKind, PowerState, VmState, VmTask
+from compute.gpus import device_model
+from compute.models import Device, Host, OrphanGuest, VirtualMachine
+from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
+from compute.services.vms import (
+    _current_operation,
+    desired_power,
+    send_apply,
+    vm_finish_delete,
+)
+from controlplane import agents, audit
+from controlplane.services import operation_create, operation_finish
+
+log = logging.getLogger(__name__)
+
+_POWER = {p.value for p in PowerState}
+
+
+# --- inventory -----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def inventory_reported(*, host: str, payload: dict, sent_at: datetime) -> Host:
+    """Record a host's inventory. Devices are matched by PCI address: new ones are added,
+    known ones updated, missing ones marked not present (never deleted while a VM holds
+    them). A report older than the last one recorded changes nothing."""
+    obj, _created = Host.objects.select_for_update().get_or_create(name=host)
+    if obj.inventory_reported_at is not None and sent_at <= obj.inventory_reported_at:
+        return obj
+    obj.vcpus = int(payload.get("cpus", 0))
+    obj.memory_mib = int(payload.get("memory_mib", 0))
+    obj.numa_cells = list(payload.get("cells", []))
+    obj.hypervisor = str(payload.get("hypervisor", ""))[:32]
+    obj.inventory_reported_at = sent_at
+    obj.save()
+
+    known = {d.pci_address: d for d in Device.objects.filter(host=obj)}
+    seen = set()
+    created, updated = [], []
+    fields = [
+        "name",
+        "kind",
+        "model",
+        "vendor_id",
+        "product_id",
+        "class_code",
+        "vendor_name",
+        "product_name",
+        "numa_node",
+        "iommu_group",
+        "physical_function",
+        "present",
+    ]
+    for item in payload.get("devices", []):
+        if item.get("kind") not in DeviceKind.values:
+            continue
+        address = item["address"]
+        seen.add(address)
+        values = {
+            "name": item.get("name", "")[:64],
+            "kind": item["kind"],
+            "model": device_model(item.get("vendor_id", 0), item.get("product_id", 0)),
+            "vendor_id": item.get("vendor_id", 0),
+            "product_id": item.get("product_id", 0),
+            "class_code": item.get("class_code", 0),
+            "vendor_name": item.get("vendor_name", "")[:128],
+            "product_name": item.get("product_name", "")[:128],
+            "numa_node": item.get("numa_node"),
+            "iommu_group": item.get("iommu_group"),
+            "physical_function": item.get("physical_function") or "",
+            "present": True,
+        }
+        device = known.get(address)
+        if device is None:
+            created.append(Device(host=obj, pci_address=address, **values))
+        elif any(getattr(device, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(device, k, v)
+            updated.append(device)
+    Device.objects.bulk_create(created)
+    Device.objects.bulk_update(updated, fields)
+    gone = Device.objects.filter(host=obj, present=True).exclude(pci_address__in=seen)
+    gone_count = gone.update(present=False)
+    if created or updated or gone_count:
+        audit.record(
+            "host.inventory",
+            obj,
+            detail={
+                "added": len(created),
+                "changed": len(updated),
+                "gone": gone_count,
+                "vcpus": obj.vcpus,
+                "memory_mib": obj.memory_mib,
+            },
+        )
+        transaction.on_commit(placement.view.invalidate, robust=True)
+    return obj
+
+
+# --- observed state ------------------------------------------------------------------------------
+
+
+def _settle(vm: VirtualMachine, generation: int, power: str, now: datetime) -> dict:
+    """The fields that follow from the host observing ``power`` at ``generation``."""
+    changes: dict = {"power_state": power, "power_observed_at": now}
+    if generation > vm.applied_generation and power != ABSENT:
+        changes["applied_generation"] = generation
+    if generation < vm.generation:
+        return changes  # a newer change is on its way to the host
+    desired = desired_power(vm)
+    if desired == DesiredPower.RUNNING and power == PowerState.RUNNING:
+        changes.update(state=VmState.RUNNING, task_state=VmTask.NONE, state_reason="")
+        if vm.launched_at is None:
+            changes["launched_at"] = now
+    elif desired == DesiredPower.STOPPED and power == PowerState.SHUTOFF:
+        changes.update(
+            state=VmState.EVICTED if vm.state == VmState.EVICTING else VmState.STOPPED,
+            task_state=VmTask.NONE,
+            state_reason="",
+        )
+    elif (
+        vm.state == VmState.RUNNING
+        and not vm.task_state
+        and power in (PowerState.SHUTOFF, PowerState.CRASHED)
+    ):
+        # The guest powered itself off (or crashed): the VM is stopped, as Nova syncs it.
+        changes.update(state=VmState.STOPPED, state_reason=f"the guest was found {power}")
+    return changes
+
+
+def _finish_operation(operation_id: str, *, vm: VirtualMachine, ok: bool, error: str = ""):
+    if operation_id:
+        operation_finish(
+            operation_id=operation_id,
+            ok=ok,
+            result={"state": vm.state, "power_state": vm.power_state},
+            error_code="" if ok else "host_error",
+            error_message=error,
+        )
+
+
+@transaction.atomic
+def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachine | None:
+    """The outcome of one ``vm_apply``: the guest's generation and power, or the error the
+    host met. Moves the VM to the state it reached and finishes the operation."""
+    vm = (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "host")
+        .filter(pk=payload.get("vm_id"))
+        .first()
+    )
+    operation_id = payload.get("operation_id", "")
+    if vm is None or vm.host is None or vm.host.name != host or vm.state == VmState.DELETED:
+        if operation_id:
+            operation_finish(operation_id=operation_id, ok=True, result={"state": "deleted"})
+        return None  # a guest no VM accounts for: the guests report handles orphans
+    generation = int(payload.get("generation", 0))
+    power = payload.get("power") if payload.get("power") in _POWER else PowerState.UNKNOWN
+    now = timezone.now()
+    if not payload.get("ok", True):
+        error = str(payload.get("error", "the host failed"))[:500]
+        changes: dict = {"state_reason": error}
+        if generation >= vm.generation:
+            if vm.state == VmState.PROVISIONING:
+                changes["state"] = VmState.ERROR
+            changes["task_state"] = VmTask.NONE
+        VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+        for k, v in changes.items():
+            setattr(vm, k, v)
+        audit.record("vm.host_error", vm, project=vm.project, detail={"error": error})
+        log.warning("vm %s generation %d: host %s failed: %s", vm.pk, generation, host, error)
+        _finish_operation(operation_id, vm=vm, ok=False, error=error)
+        return vm
+    if vm.state == VmState.DELETING and power == ABSENT and generation >= vm.generation:
+        vm_finish_delete(vm)
+        _finish_operation(operation_id, vm=vm, ok=True)
+        return vm
+    changes = _settle(vm, generation, power, now)
+    VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+    previous = vm.state
+    for k, v in changes.items():
+        setattr(vm, k, v)
+    if vm.state != previous:
+        audit.record(
+            "vm.state",
+            vm,
+            project=vm.project,
+            detail={"from": previous, "to": vm.state, "generation": generation},
+        )
+    if generation >= vm.generation and not vm.task_state and vm.state != VmState.PROVISIONING:
+        _finish_operation(operation_id, vm=vm, ok=True)
+    return vm
+
+
+# --- the periodic guests report ------------------------------------------------------------------
+
+
+@transaction.atomic
+def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
+    """Compare what ``host`` holds with what the database wants, and act on the drift.
+
+    Returns what it did: ``reissued`` (VM ids sent their work again), ``settled`` (VMs
+    whose state followed the observation), ``orphans_destroyed``.
+    """
+    obj = Host.objects.select_for_update().filter(name=host).first()
+    if obj is None or (obj.guests_reported_at and sent_at <= obj.guests_reported_at):
+        return {"reissued": [], "settled": [], "orphans_destroyed": []}
+    now = timezone.now()
+    reported = {g["vm_id"]: g for g in payload.get("guests", [])}
+    grace = timedelta(seconds=settings.RECONCILE_GRACE_S)
+    done: dict[str, list[str]] = {"reissued": [], "settled": [], "orphans_destroyed": []}
+
+    vms = (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "host", "image")
+        .prefetch_related("devices")
+        .filter(host=obj)
+        .exclude(state__in=[VmState.DELETED, VmState.PENDING])
+    )
+    accounted = set()
+    for vm in vms:
+        vm_id = str(vm.pk)
+        guest = reported.get(vm_id)
+        desired = desired_power(vm)
+        if guest is not None and vm.state != VmState.ERROR:
+            accounted.add(vm_id)
+        if desired is None:
+            continue
+        if guest is None and desired == DesiredPower.ABSENT:
+            vm_finish_delete(vm)
+            _finish_operation(_current_operation(vm), vm=vm, ok=True)
+            done["settled"].append(vm_id)
+            continue
+        behind = guest is None or guest["generation"] < vm.generation
+        if guest is not None:
+            changes = _settle(vm, guest["generation"], guest["power"], now)
+            previous = vm.state
+            VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+            for k, v in changes.items():
+                setattr(vm, k, v)
+            if vm.state != previous:
+                done["settled"].append(vm_id)
+                if not vm.task_state:
+                    _finish_operation(_current_operation(vm), vm=vm, ok=True)
+        if behind and now - vm.updated_at > grace:
+            log.info(
+                "vm %s generation %d: drift on %s (%s); work sent again",
+                vm_id,
+                vm.generation,
+                host,
+                "missing" if guest is None else "behind",
+            )
+            send_apply(vm, operation_id=_current_operation(vm))
+            done["reissued"].append(vm_id)
+
+    # Guests no live VM accounts for: orphans, destroyed once they have stayed so a while.
+    orphans = {o.vm_id: o for o in OrphanGuest.objects.select_for_update().filter(host=obj)}
+    for vm_id in set(reported) - accounted:
+        if (
+            VirtualMachine.objects.filter(pk=_uuid_or_none(vm_id), host=obj)
+            .exclude(state__in=[VmState.DELETED, VmState.ERROR])
+            .exists()
+        ):
+            continue
+        orphan = orphans.get(vm_id) or OrphanGuest.objects.create(
+            host=obj, vm_id=vm_id, first_seen_at=now
+        )
+        if now - orphan.first_seen_at >= timedelta(seconds=settings.ORPHAN_GRACE_S):
+            message = VmApply(
+                vm_id=vm_id,
+                generation=reported[vm_id]["generation"] + 1,
+                desired=DesiredPower.ABSENT,
+            )
+            agents.send_to_host(host, VM_APPLY_TASK, **message.to_wire())
+            orphan.destroy_sent_at = now
+            orphan.save(update_fields=["destroy_sent_at"])
+            audit.record("host.orphan_destroy", obj, detail={"vm_id": vm_id})
+            done["orphans_destroyed"].append(vm_id)
+    OrphanGuest.objects.filter(host=obj).exclude(vm_id__in=list(reported)).delete()
+    obj.guests_reported_at = sent_at
+    obj.save(update_fields=["guests_reported_at", "updated_at"])
+    return done
+
+
+def _uuid_or_none(value: str):
+    import uuid
+
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+# --- stuck work ----------------------------------------------------------------------------------
+
+
+def vms_reap_stuck(*, now: datetime | None = None) -> int:
+    """A VM still provisioning ``KUMO_VM_OPERATION_DEADLINE_S`` after its last change is
+    marked error, naming its host; a stuck stop, start or reboot is given up (task cleared).
+    Deleting VMs are not reaped: the reconcile keeps asking their host until it answers."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.VM_OPERATION_DEADLINE_S)
+    count = 0
+    stuck = VirtualMachine.objects.filter(updated_at__lt=cutoff).filter(
+        state=VmState.PROVISIONING
+    ) | VirtualMachine.objects.filter(updated_at__lt=cutoff).exclude(task_state=VmTask.NONE)
+    for pk in list(stuck.values_list("pk", flat=True)):
+        with transaction.atomic():
+            vm = (
+                VirtualMachine.objects.select_for_update(of=("self",))
+                .select_related("project", "host")
+                .get(pk=pk)
+            )
+            if vm.updated_at >= cutoff:
+                continue
+            host = vm.host.name if vm.host else "its host"
+            reason = f"no answer from {host} within {settings.VM_OPERATION_DEADLINE_S} s"
+            changes = {"task_state": VmTask.NONE, "state_reason": reason, "updated_at": now}
+            if vm.state == VmState.PROVISIONING:
+                changes["state"] = VmState.ERROR
+            VirtualMachine.objects.filter(pk=pk).update(**changes)
+            audit.record("vm.stuck", vm, project=vm.project, detail={"reason": reason})
+            count += 1
+    return count
+
+
+# --- diagnostics (operators) ---------------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_describe(*, vm: VirtualMachine, actor=None):
+    """Ask the VM's host for the guest as libvirt holds it (domain XML, power, generation)."""
+    from controlplane.errors import Conflict
+
+    if vm.host_id is None:
+        raise Conflict(f"vm {vm.name} is not placed on a host", details={"state": [vm.state]})
+    # An operator's question, not the project's work: the operation is the operators' own.
+    operation = operation_create(kind="vm.describe", target=vm, created_by=actor, deadline_s=60)
+    agents.send_to_host(
+        vm.host.name, VM_DESCRIBE_TASK, vm_id=str(vm.pk), operation_id=str(operation.pk)
+    )
+    return operation
+
+
+@transaction.atomic
+def host_guests_list(*, host: Host, actor=None):
+    """Ask a host's agent for every Kumo guest it holds, read from libvirt."""
+    operation = operation_create(kind="host.guests", target=host, created_by=actor, deadline_s=60)
+    agents.send_to_host(host.name, GUESTS_LIST_TASK, operation_id=str(operation.pk))
+    return operation

@@ -1,0 +1,369 @@
+"""The VM life cycle: create, start, stop, reboot, delete, and placing pending VMs.
+
+Every action is guarded twice: a precondition here (``ACTIONS``: an action a state does
+not allow answers 409 naming the state), and a conditional UPDATE on the generation and
+state the action read, so of two racing requests exactly one wins and the other gets 409.
+The host work each action asks for goes out after commit, carrying the new generation.
+"""
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from compute import placement
+from compute.choices import DesiredPower, Priority, VmState, VmTask
+from compute.models import Image, PlacementGroup, Template, VirtualMachine
+from compute.protocol import VM_APPLY_TASK, DeviceWire, VmApply
+from compute.scheduler import NoValidHost
+from controlplane import agents, audit
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.models import Operation
+from controlplane.services import operation_create, operation_finish
+from tenants import quotas
+from tenants.choices import ProjectStatus
+from tenants.models import Project
+
+log = logging.getLogger(__name__)
+
+# Which actions each state allows. Delete is allowed from every state but the last ones.
+ACTIONS: dict[str, set[str]] = {
+    VmState.PENDING: {"delete"},
+    VmState.PROVISIONING: {"delete"},
+    VmState.RUNNING: {"stop", "reboot", "delete"},
+    VmState.STOPPED: {"start", "delete"},
+    VmState.ERROR: {"delete"},
+    VmState.EVICTING: {"delete"},
+    VmState.EVICTED: {"delete"},
+    VmState.DELETING: set(),
+    VmState.DELETED: set(),
+}
+
+
+def desired_power(vm: VirtualMachine) -> str | None:
+    """What the host should make of the guest now; None when no host work is wanted."""
+    if vm.state == VmState.DELETING:
+        return DesiredPower.ABSENT
+    if vm.task_state in (VmTask.STARTING, VmTask.REBOOTING):
+        return DesiredPower.RUNNING
+    if vm.task_state == VmTask.STOPPING or vm.state in (VmState.STOPPED, VmState.EVICTING):
+        return DesiredPower.STOPPED
+    if vm.state in (VmState.PROVISIONING, VmState.RUNNING):
+        return DesiredPower.RUNNING
+    return None
+
+
+def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
+    """The host task that converges ``vm``'s guest to what the database wants now."""
+    desired = desired_power(vm)
+    if desired == DesiredPower.ABSENT:
+        return VmApply(
+            vm_id=str(vm.pk), generation=vm.generation, desired=desired, operation_id=operation_id
+        )
+    devices = tuple(
+        DeviceWire(
+            address=d.pci_address,
+            kind=d.kind,
+            numa_node=d.numa_node,
+            class_code=d.class_code,
+            vendor_id=d.vendor_id,
+            product_id=d.product_id,
+        )
+        for d in sorted(vm.devices.all(), key=lambda d: d.pci_address)
+    )
+    return VmApply(
+        vm_id=str(vm.pk),
+        generation=vm.generation,
+        desired=desired,
+        name=f"{vm.project.slug}/{vm.name}",
+        hostname=vm.name,
+        vcpus=vm.vcpus,
+        memory_mib=vm.memory_mib,
+        numa_cell=vm.numa_cell,
+        devices=devices,
+        image_location=vm.image.location,
+        image_format=vm.image.format,
+        disk_gib=vm.disk_gib,
+        ssh_keys=tuple(vm.ssh_keys),
+        user_data=vm.user_data,
+        reboot=vm.task_state == VmTask.REBOOTING,
+        graceful_timeout_s=settings.VM_STOP_GRACE_S,
+        operation_id=operation_id,
+    )
+
+
+def send_apply(vm: VirtualMachine, *, operation_id: str = "") -> None:
+    """Send the host its work for ``vm`` once the current transaction commits."""
+    if vm.host_id is None or desired_power(vm) is None:
+        return
+    message = apply_message(vm, operation_id=operation_id)
+    agents.send_to_host(vm.host.name, VM_APPLY_TASK, **message.to_wire())
+
+
+def _open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
+    return operation_create(
+        kind=kind,
+        target=vm,
+        project=vm.project,
+        created_by=actor,
+        deadline_s=settings.VM_OPERATION_DEADLINE_S,
+    )
+
+
+def _current_operation(vm: VirtualMachine) -> str:
+    """The id of the newest unfinished operation on ``vm`` (what a host's answer finishes)."""
+    op = (
+        Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
+        .exclude(state__in=["succeeded", "failed"])
+        .order_by("-created_at")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return str(op) if op else ""
+
+
+def _require_active(project: Project) -> None:
+    if project.status != ProjectStatus.ACTIVE:
+        raise Conflict(
+            f"project {project.slug} is {project.status}; nothing new may start in it",
+            details={"project": [project.status]},
+        )
+
+
+def _guard(vm: VirtualMachine, action: str) -> None:
+    allowed = ACTIONS.get(vm.state, set())
+    if action not in allowed or (vm.task_state and action != "delete"):
+        doing = f" ({vm.task_state} in progress)" if vm.task_state else ""
+        raise Conflict(
+            f"vm {vm.name} is {vm.state}{doing}; cannot {action} it",
+            code="invalid_state",
+            details={"state": [vm.state], "task_state": [vm.task_state]},
+        )
+
+
+def _transition(vm: VirtualMachine, **changes) -> VirtualMachine:
+    """Apply ``changes`` and bump the generation, if and only if nobody changed the VM since
+    it was read: the second of two racing actions gets 409."""
+    updated = VirtualMachine.objects.filter(
+        pk=vm.pk, generation=vm.generation, state=vm.state, task_state=vm.task_state
+    ).update(**changes, generation=vm.generation + 1, updated_at=timezone.now())
+    if not updated:
+        current = VirtualMachine.objects.filter(pk=vm.pk).values("state", "task_state").first()
+        state = current["state"] if current else VmState.DELETED
+        raise Conflict(
+            f"vm {vm.name} changed meanwhile and is now {state}; try again",
+            code="invalid_state",
+            details={"state": [state]},
+        )
+    for name, value in changes.items():
+        setattr(vm, name, value)
+    vm.generation += 1
+    return vm
+
+
+# --- create ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_create(
+    *,
+    project: Project,
+    name: str,
+    template: Template,
+    image: Image,
+    ssh_keys: list[str] | tuple[str, ...] = (),
+    user_data: str = "",
+    priority: str = Priority.ON_DEMAND,
+    placement_group: PlacementGroup | None = None,
+    wait_for_capacity: bool = True,
+    actor=None,
+) -> tuple[VirtualMachine, Operation]:
+    """Create a VM and try to place it, in one transaction.
+
+    The quota is claimed first (the project's quota row is locked, so concurrent creates in
+    a project count each other). Then the scheduler claims a host: placed, the VM is
+    provisioning and its host is told to build it after commit. When nothing fits, the VM
+    stays pending with the reason and the controller places it when room appears, unless
+    ``wait_for_capacity`` is false: then nothing is created and the answer is 409.
+    """
+    _require_active(project)
+    if not template.active:
+        raise InvalidInput.field("template", f"template {template.name} is withdrawn")
+    if not Image.objects.usable_by(project).filter(pk=image.pk).exists():
+        raise InvalidInput.field("image", "no such image for this project")
+    if placement_group is not None and placement_group.project_id != project.pk:
+        raise InvalidInput.field("placement_group", "no such placement group in this project")
+    if priority == Priority.SPOT and not template.spot_allowed:
+        raise InvalidInput.field("priority", f"template {template.name} does not allow spot")
+    if image.min_disk_gib > template.disk_gib:
+        raise InvalidInput.field(
+            "template", f"image {image.name} needs a disk of {image.min_disk_gib} GiB or more"
+        )
+    if image.min_memory_gib > template.memory_gib:
+        raise InvalidInput.field(
+            "template", f"image {image.name} needs {image.min_memory_gib} GiB of memory or more"
+        )
+    if (
+        VirtualMachine.objects.for_project(project)
+        .filter(name=name)
+        .exclude(state=VmState.DELETED)
+        .exists()
+    ):
+        raise Conflict(
+            f"a VM named {name} exists in project {project.slug}", details={"name": ["taken"]}
+        )
+    quotas.check(
+        project,
+        vms=1,
+        vcpus=template.vcpus,
+        memory_gib=template.memory_gib,
+        gpus=template.gpus,
+    )
+    vm = VirtualMachine.objects.create(
+        project=project,
+        name=name,
+        template=template,
+        image=image,
+        priority=priority,
+        placement_group=placement_group,
+        vcpus=template.vcpus,
+        memory_mib=template.memory_gib * 1024,
+        gpus=template.gpus,
+        gpu_model=template.gpu_model,
+        disk_gib=template.disk_gib,
+        ssh_keys=list(ssh_keys),
+        user_data=user_data,
+        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+    )
+    operation = _open_operation(vm, "vm.create", actor)
+    try:
+        placement.place(vm)
+    except NoValidHost as e:
+        if not wait_for_capacity:
+            raise Conflict(e.reason, code="no_capacity", details={"capacity": [e.reason]}) from e
+        vm.state_reason = e.reason[:500]
+        vm.save(update_fields=["state_reason", "updated_at"])
+        log.info("vm %s pending: %s", vm.pk, e.reason)
+    audit.record(
+        "vm.create",
+        vm,
+        project=project,
+        detail={
+            "template": template.name,
+            "image": image.name,
+            "priority": priority,
+            "state": vm.state,
+            "host": vm.host.name if vm.host_id else None,
+            "operation": str(operation.pk),
+        },
+    )
+    send_apply(vm, operation_id=str(operation.pk))
+    return vm, operation
+
+
+def vm_schedule_pending(*, limit: int = 100) -> int:
+    """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
+    placed in its own transaction, so one failure holds up no other."""
+    placed = 0
+    pending = VirtualMachine.objects.filter(state=VmState.PENDING).order_by("created_at")
+    for pk in list(pending.values_list("pk", flat=True)[:limit]):
+        with transaction.atomic():
+            vm = (
+                VirtualMachine.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("project", "image", "placement_group")
+                .filter(pk=pk, state=VmState.PENDING)
+                .first()
+            )
+            if vm is None:
+                continue
+            try:
+                placement.place(vm)
+            except NoValidHost as e:
+                if vm.state_reason != e.reason[:500]:
+                    VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
+                continue
+            audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
+            send_apply(vm, operation_id=_current_operation(vm))
+            placed += 1
+    return placed
+
+
+# --- actions on a VM ---------------------------------------------------------------------------
+
+
+def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMachine, Operation]:
+    _guard(vm, action)
+    vm = _transition(vm, **changes)
+    operation = _open_operation(vm, f"vm.{action}", actor)
+    audit.record(f"vm.{action}", vm, project=vm.project, detail={"operation": str(operation.pk)})
+    send_apply(vm, operation_id=str(operation.pk))
+    return vm, operation
+
+
+@transaction.atomic
+def vm_start(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """stopped → running (task ``starting`` until the host reports it running)."""
+    _require_active(vm.project)
+    return _act(vm, "start", actor, task_state=VmTask.STARTING)
+
+
+@transaction.atomic
+def vm_stop(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """running → stopped: the guest is asked to shut down, and forced off after
+    ``KUMO_VM_STOP_GRACE_S``."""
+    return _act(vm, "stop", actor, task_state=VmTask.STOPPING)
+
+
+@transaction.atomic
+def vm_reboot(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """One graceful power cycle of a running VM."""
+    return _act(vm, "reboot", actor, task_state=VmTask.REBOOTING)
+
+
+@transaction.atomic
+def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """Delete from any live state. A VM that was never placed is gone at once; a placed one
+    is deleting until its host reports the guest absent, and only then gives back its
+    host's capacity and GPUs, so nothing is handed out while the guest may still hold it."""
+    _guard(vm, "delete")
+    if vm.host_id is None:
+        vm = _transition(
+            vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()
+        )
+        pending = _current_operation(vm)
+        if pending:
+            operation_finish(
+                operation_id=pending,
+                ok=False,
+                error_code="deleted",
+                error_message="the VM was deleted before it was placed",
+            )
+        operation = _open_operation(vm, "vm.delete", actor)
+        audit.record("vm.delete", vm, project=vm.project, detail={"operation": str(operation.pk)})
+        operation_finish(operation_id=operation.pk, ok=True, result={"state": vm.state})
+        operation.refresh_from_db()
+        return vm, operation
+    return _act(vm, "delete", actor, state=VmState.DELETING, task_state=VmTask.NONE)
+
+
+def vm_finish_delete(vm: VirtualMachine) -> None:
+    """deleting → deleted, giving back the host's capacity and the VM's GPUs. Call inside
+    the transaction holding the VM's row lock."""
+    placement.release(vm)
+    VirtualMachine.objects.filter(pk=vm.pk).update(
+        state=VmState.DELETED,
+        task_state=VmTask.NONE,
+        deleted_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+    vm.state = VmState.DELETED
+    audit.record("vm.deleted", vm, project=vm.project)
+
+
+def live_vms(host_id: int):
+    """The VMs that occupy ``host_id``: placed and not yet deleted."""
+    return VirtualMachine.objects.filter(host_id=host_id).filter(
+        ~Q(state__in=[VmState.DELETED, VmState.PENDING])
+    )

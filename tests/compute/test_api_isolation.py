@@ -1,0 +1,72 @@
+"""Isolation contracts of compute's project endpoints."""
+
+from compute.models import Image, PlacementGroup, VirtualMachine
+from tests.factories import make_image, make_template, make_vm
+from tests.isolation import ProjectEndpointContract
+
+
+class TestVirtualMachineIsolation(ProjectEndpointContract):
+    basename = "project-vm"
+    actions = ("list", "retrieve", "create", "delete")
+    missing_lookup = "00000000-0000-4000-8000-000000000000"
+
+    def make_object(self, project):
+        return make_vm(project)
+
+    def create_payload(self, project):
+        return {"name": "web-1", "template": make_template().name, "image": make_image().pk}
+
+    def foreign_payloads(self, project, other):
+        theirs = make_image(project=other)
+        group = PlacementGroup.objects.create(project=other, name="theirs", policy="affinity")
+        template = make_template().name
+        return [
+            {"name": "x1", "template": template, "image": theirs.pk},
+            {
+                "name": "x2",
+                "template": template,
+                "image": make_image().pk,
+                "placement_group": group.name,
+            },
+        ]
+
+    def count(self, project):
+        return VirtualMachine.objects.for_project(project).exclude(state="deleted").count()
+
+
+class TestProjectImageIsolation(ProjectEndpointContract):
+    basename = "project-image"
+    actions = ("list", "retrieve", "create", "delete")
+
+    def make_object(self, project):
+        return make_image(project=project)
+
+    def create_payload(self, project):
+        return {
+            "name": "mine",
+            "os_distro": "rocky",
+            "format": "qcow2",
+            "location": "/images/rocky.qcow2",
+            "checksum": "sha256:" + "0" * 64,
+        }
+
+    def count(self, project):
+        return Image.objects.filter(project=project).count()
+
+
+class TestPlacementGroupIsolation(ProjectEndpointContract):
+    basename = "project-placementgroup"
+    actions = ("list", "retrieve", "create", "delete")
+
+    def make_object(self, project):
+        from compute import services
+
+        return services.placement_group_create(
+            project=project, name=f"g{PlacementGroup.objects.count()}", policy="compact"
+        )
+
+    def create_payload(self, project):
+        return {"name": f"new-{PlacementGroup.objects.count()}", "policy": "anti_affinity"}
+
+    def count(self, project):
+        return PlacementGroup.objects.for_project(project).count()

@@ -1,0 +1,130 @@
+"""Placement rules of the in-memory scheduler (no database)."""
+
+import pytest
+
+from compute.scheduler import HostView, NoValidHost, Request, Scheduler
+
+MODEL = "A100-SXM4-40GB"
+
+
+def gpu_host(host_id, free=(4, 4), rack="r1", vcpus=128):
+    """An 8-GPU host with ``free`` GPUs free on cells 0 and 1."""
+    cells, ids = {}, iter(range(host_id * 100, host_id * 100 + 8))
+    for cell, count in enumerate(free):
+        own = [next(ids) for _ in range(4)]
+        cells[cell] = own[:count]
+    return HostView(id=host_id, name=f"gpu-{host_id}", rack=rack, vcpus_free=vcpus,
+                    memory_mib_free=460 * 1024, gpu_model=MODEL, cells=cells,
+                    cell_sizes={0: 4, 1: 4})  # fmt: skip
+
+
+def cpu_host(host_id, vcpus=152, rack="r1"):
+    return HostView(id=host_id, name=f"cpu-{host_id}", rack=rack, vcpus_free=vcpus,
+                    memory_mib_free=256 * 1024)  # fmt: skip
+
+
+def gpus(n):
+    return Request(vcpus=16 * n, memory_mib=57 * 1024 * n, gpus=n, gpu_model=MODEL)
+
+
+def test_up_to_four_gpus_come_from_one_numa_cell():
+    scheduler = Scheduler([gpu_host(1, free=(3, 2))])
+    placement = scheduler.select(gpus(2))
+    host = scheduler.hosts[1]
+    assert placement.numa_cell == 1  # the tighter cell: 2 free, not 3
+    assert set(placement.device_ids) <= set(host.cells[1])
+    with pytest.raises(NoValidHost, match="on one NUMA cell"):
+        scheduler.select(gpus(4))  # 5 free on the host, but no cell has 4
+
+
+def test_eight_gpus_take_a_whole_node():
+    scheduler = Scheduler([gpu_host(1, free=(4, 3)), gpu_host(2)])
+    placement = scheduler.select(gpus(8))
+    assert placement.host_id == 2 and placement.numa_cell is None
+    assert len(set(placement.device_ids)) == 8
+
+
+def test_gpu_vms_pack_to_keep_whole_nodes_free():
+    scheduler = Scheduler([gpu_host(1), gpu_host(2, free=(1, 4)), gpu_host(3, free=(4, 2))])
+    first = scheduler.select(gpus(1))
+    assert (first.host_id, first.numa_cell) == (2, 0)  # the last free GPU of a cell
+    scheduler.reserve(first, gpus(1))
+    second = scheduler.select(gpus(2))
+    assert (second.host_id, second.numa_cell) == (3, 1)
+    scheduler.reserve(second, gpus(2))
+    assert scheduler.select(gpus(8)).host_id == 1  # the whole node stayed whole
+
+
+def test_reserve_then_unreserve_restores_the_view():
+    scheduler = Scheduler([gpu_host(1)])
+    before = {cell: sorted(ids) for cell, ids in scheduler.hosts[1].cells.items()}
+    for n in (1, 2, 4, 8):
+        placement = scheduler.select(gpus(n))
+        scheduler.reserve(placement, gpus(n))
+        assert scheduler.hosts[1].gpus_free == 8 - n
+        scheduler.unreserve(placement, gpus(n))
+        assert {c: sorted(i) for c, i in scheduler.hosts[1].cells.items()} == before
+        assert scheduler.hosts[1].vcpus_free == 128
+
+
+def test_cpu_vms_spread_and_keep_off_gpu_hosts():
+    scheduler = Scheduler([gpu_host(1, vcpus=128), cpu_host(2, vcpus=40), cpu_host(3, vcpus=100)])
+    req = Request(vcpus=8, memory_mib=8192)
+    assert scheduler.select(req).host_id == 3  # most free vCPUs among CPU hosts
+    full = Scheduler([gpu_host(1), cpu_host(2, vcpus=4)])
+    assert full.select(req).host_id == 1  # a GPU host only when no CPU host has room
+
+
+def test_capacity_and_model_are_filters():
+    scheduler = Scheduler([gpu_host(1, vcpus=8)])
+    with pytest.raises(NoValidHost) as e:
+        scheduler.select(gpus(1))
+    assert e.value.rejected["capacity"] == 1
+    assert "without enough free vCPUs or memory" in e.value.reason
+    other = Request(vcpus=1, memory_mib=1, gpus=1, gpu_model="H100-SXM5-80GB")
+    with pytest.raises(NoValidHost, match="without enough free GPUs of that model"):
+        Scheduler([gpu_host(1)]).select(other)
+
+
+def test_placement_groups():
+    hosts = [cpu_host(1, rack="r1"), cpu_host(2, rack="r2"), cpu_host(3, rack="r2", vcpus=10)]
+    scheduler = Scheduler(hosts)
+    base = {"vcpus": 4, "memory_mib": 1024}
+    affinity = Request(**base, group_policy="affinity", group_hosts=frozenset({3}))
+    assert scheduler.select(affinity).host_id == 3
+    anti = Request(**base, group_policy="anti_affinity", group_hosts=frozenset({1, 2}))
+    assert scheduler.select(anti).host_id == 3
+    compact = Request(**base, group_policy="compact", group_racks=frozenset({"r2"}))
+    assert scheduler.select(compact).host_id in (2, 3)
+    first_member = Request(**base, group_policy="affinity")
+    assert scheduler.select(first_member).host_id == 1  # no members yet: anywhere
+    with pytest.raises(NoValidHost, match="anti-affinity"):
+        scheduler.select(
+            Request(**base, group_policy="anti_affinity", group_hosts=frozenset({1, 2, 3}))
+        )
+
+
+def test_no_valid_host_says_why_and_counts_hosts_out_of_service():
+    scheduler = Scheduler([cpu_host(1)], excluded=2)
+    with pytest.raises(NoValidHost) as e:
+        scheduler.select(gpus(4))
+    assert e.value.reason.startswith("no host has 64 vCPUs, 228 GiB, 4 A100-SXM4-40GB GPUs")
+    assert "1 without enough free GPUs of that model" in e.value.reason
+    assert "2 not in service" in e.value.reason
+
+
+def test_a_decision_visits_few_hosts_in_a_large_fleet():
+    hosts = [gpu_host(i, free=(4, 4) if i % 3 else (1, 0)) for i in range(1, 3001)]
+    scheduler = Scheduler(hosts)
+    visited = []
+    original = scheduler._candidates
+
+    def counting(req):
+        for host in original(req):
+            visited.append(host.id)
+            yield host
+
+    scheduler._candidates = counting
+    placement = scheduler.select(gpus(1))
+    assert scheduler.hosts[placement.host_id].gpus_free == 1  # the tightest fit
+    assert len(visited) <= scheduler.sample

@@ -1,0 +1,332 @@
+"""The VM life cycle in the services: create with quota and placement, guarded actions, the
+host's reports moving states, release of capacity, reconcile, stuck work."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from compute import services
+from compute.choices import HostState, PowerState, Priority, VmState, VmTask
+from compute.models import Device, Host, VirtualMachine
+from compute.protocol import VM_APPLY_TASK
+from compute.selectors import host_usage_drift
+from compute.services.vms import _current_operation
+from controlplane.errors import Conflict, InvalidInput, QuotaExceeded
+from controlplane.models import Operation
+from tenants import services as tenants
+from tenants.choices import ProjectStatus
+from tests.factories import make_host, make_image, make_template, make_vm
+
+pytestmark = pytest.mark.django_db
+
+
+class Sent(list):
+    """The messages the controller published to host agents (queue, task, kwargs): the
+    on-commit callbacks of committed work are run each time the list is read."""
+
+    def __init__(self):
+        super().__init__()
+        self.start = len(connection.run_on_commit)
+
+    def flush(self):
+        while self.start < len(connection.run_on_commit):
+            self.start += 1
+            connection.run_on_commit[self.start - 1][1]()
+
+    def __getitem__(self, index):
+        self.flush()
+        return super().__getitem__(index)
+
+    def __len__(self):
+        self.flush()
+        return super().__len__()
+
+    def __iter__(self):
+        self.flush()
+        return super().__iter__()
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    from controlplane.celery import app
+
+    messages = Sent()
+    monkeypatch.setattr(
+        app, "send_task", lambda name, kwargs, queue: list.append(messages, (queue, name, kwargs))
+    )
+    return messages
+
+
+@pytest.fixture
+def project(project):
+    tenants.quota_set(project=project, vcpus=1024, memory_gib=8192, gpus=64, vms=64)
+    return project
+
+
+def report(vm, power, *, generation=None, ok=True, error=""):
+    """What the host's agent says after applying the VM's current generation."""
+    return services.vm_observed(
+        host=vm.host.name,
+        payload={"vm_id": str(vm.pk), "generation": generation or vm.generation, "power": power,
+                 "ok": ok, "error": error, "operation_id": _current_operation(vm)},
+        sent_at=timezone.now(),
+    )  # fmt: skip
+
+
+def fresh(vm):
+    return VirtualMachine.objects.select_related("host", "project").get(pk=vm.pk)
+
+
+def test_create_claims_gpus_on_one_cell_and_sends_the_host_its_work(project, sent):
+    host = make_host("gpu-a")
+    vm, operation = services.vm_create(
+        project=project, name="train", template=make_template(gpus=2), image=make_image()
+    )
+    assert vm.state == VmState.PROVISIONING and vm.host_id == host.pk
+    devices = list(Device.objects.filter(vm=vm))
+    assert len(devices) == 2 and {d.numa_node for d in devices} == {vm.numa_cell}
+    host.refresh_from_db()
+    assert (host.vcpus_used, host.memory_mib_used) == (32, 2 * 57 * 1024)
+    assert operation.kind == "vm.create" and operation.project == project
+    queue, task, message = sent[-1]
+    assert (queue, task) == ("host.gpu-a", VM_APPLY_TASK)
+    assert message["desired"] == "running" and message["generation"] == vm.generation
+    assert sorted(d["address"] for d in message["devices"]) == sorted(
+        d.pci_address for d in devices
+    )
+
+
+def test_running_report_finishes_the_create(project, sent):
+    make_host()
+    vm = make_vm(project, template=make_template(gpus=1))
+    report(vm, "running")
+    vm = fresh(vm)
+    assert (vm.state, vm.power_state, vm.task_state) == (VmState.RUNNING, "running", "")
+    assert vm.launched_at is not None
+    assert Operation.objects.get(kind="vm.create").state == "succeeded"
+
+
+def test_stale_reports_change_nothing(project, sent):
+    make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    vm, _ = services.vm_stop(vm=fresh(vm))
+    report(vm, "running", generation=vm.generation - 1)  # the create's report, late
+    assert fresh(vm).task_state == VmTask.STOPPING
+    report(vm, "shutoff")
+    assert fresh(vm).state == VmState.STOPPED
+
+
+def test_nothing_fits_the_vm_waits_pending_with_the_reason_then_is_placed(project, sent):
+    make_host("cpu-a", kind="cpu")
+    vm = make_vm(project, template=make_template(gpus=4))
+    assert vm.state == VmState.PENDING and vm.host is None
+    assert "4 A100-SXM4-40GB GPUs on one NUMA cell" in vm.state_reason
+    assert not [m for m in sent if m[1] == VM_APPLY_TASK]
+    make_host("gpu-late")
+    assert services.vm_schedule_pending() == 1
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host.name == "gpu-late"
+    assert sent[-1][0] == "host.gpu-late"
+
+
+def test_not_waiting_answers_409_and_creates_nothing(project, sent):
+    make_host(kind="cpu")
+    with pytest.raises(Conflict) as e:
+        make_vm(project, template=make_template(gpus=8), wait_for_capacity=False)
+    assert e.value.code == "no_capacity"
+    assert VirtualMachine.objects.count() == 0 and Operation.objects.count() == 0
+
+
+def test_quota_is_enforced_at_create(project, sent):
+    make_host()
+    tenants.quota_set(project=project, gpus=3, vcpus=1024, memory_gib=8192, vms=64)
+    template = make_template(gpus=2)
+    make_vm(project, template=template)
+    with pytest.raises(QuotaExceeded, match="gpus"):
+        make_vm(project, template=template)
+    assert VirtualMachine.objects.for_project(project).count() == 1
+
+
+def test_drained_and_down_hosts_take_nothing(project, sent, settings):
+    host = make_host()
+    services.host_set_state(host=host, state=HostState.DRAINING)
+    vm = make_vm(project)
+    assert vm.state == VmState.PENDING
+    assert "1 not in service" in vm.state_reason
+    services.host_set_state(host=host, state=HostState.UP)
+    assert services.vm_schedule_pending() == 1
+
+
+def test_illegal_actions_answer_409_naming_the_state(project, sent):
+    make_host()
+    vm = make_vm(project)
+    with pytest.raises(Conflict, match="provisioning; cannot stop") as e:
+        services.vm_stop(vm=vm)
+    assert e.value.details["state"] == ["provisioning"]
+    report(vm, "running")
+    vm, _ = services.vm_stop(vm=fresh(vm))
+    with pytest.raises(Conflict, match=r"running \(stopping in progress\); cannot reboot"):
+        services.vm_reboot(vm=vm)
+
+
+def test_two_racing_actions_one_wins(project, sent):
+    make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    first, second = fresh(vm), fresh(vm)
+    services.vm_stop(vm=first)
+    with pytest.raises(Conflict, match="changed meanwhile"):
+        services.vm_reboot(vm=second)
+
+
+def test_stop_start_reboot_round_trip(project, sent):
+    make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    vm, op = services.vm_stop(vm=fresh(vm))
+    assert sent[-1][2]["desired"] == "stopped"
+    report(vm, "shutoff")
+    assert fresh(vm).state == VmState.STOPPED
+    assert Operation.objects.get(pk=op.pk).state == "succeeded"
+    vm, _ = services.vm_start(vm=fresh(vm))
+    report(vm, "running")
+    vm, _ = services.vm_reboot(vm=fresh(vm))
+    assert sent[-1][2]["reboot"] is True
+    report(vm, "running")
+    assert (fresh(vm).state, fresh(vm).task_state) == (VmState.RUNNING, "")
+
+
+def test_delete_releases_gpus_and_capacity_only_once_the_host_has_removed_it(project, sent):
+    host = make_host()
+    vm = make_vm(project, template=make_template(gpus=4))
+    report(vm, "running")
+    vm, _ = services.vm_delete(vm=fresh(vm))
+    assert vm.state == VmState.DELETING and sent[-1][2]["desired"] == "absent"
+    assert Device.objects.filter(vm=vm).count() == 4  # still held while the guest may run
+    report(vm, "absent")
+    vm = fresh(vm)
+    assert vm.state == VmState.DELETED and vm.deleted_at is not None
+    assert Device.objects.filter(vm=vm).count() == 0
+    host.refresh_from_db()
+    assert (host.vcpus_used, host.memory_mib_used) == (0, 0)
+    assert host_usage_drift() == []
+    report(vm, "absent")  # a repeated report releases nothing twice
+    host.refresh_from_db()
+    assert host.vcpus_used == 0
+
+
+def test_deleting_a_pending_vm_is_immediate(project, sent):
+    vm = make_vm(project)  # no hosts at all
+    vm, operation = services.vm_delete(vm=vm)
+    assert vm.state == VmState.DELETED and operation.state == "succeeded"
+    assert Operation.objects.get(kind="vm.create").state == "failed"
+
+
+def test_host_error_while_provisioning_is_an_error_state(project, sent):
+    make_host()
+    vm = make_vm(project)
+    report(vm, "unknown", ok=False, error="cannot access storage file")
+    vm = fresh(vm)
+    assert vm.state == VmState.ERROR and "storage file" in vm.state_reason
+    assert Operation.objects.get(kind="vm.create").error_code == "host_error"
+
+
+def test_guest_powered_off_from_inside_is_stopped(project, sent):
+    make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    report(vm, "shutoff")
+    vm = fresh(vm)
+    assert vm.state == VmState.STOPPED and "shutoff" in vm.state_reason
+
+
+def test_reconcile_reissues_a_vm_whose_guest_is_missing(project, sent, settings):
+    settings.RECONCILE_GRACE_S = 0
+    host = make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    before = len(sent)
+    done = services.guests_reported(host=host.name, payload={"guests": []},
+                                    sent_at=timezone.now())  # fmt: skip
+    assert done["reissued"] == [str(vm.pk)]
+    assert sent[before:][0][2]["vm_id"] == str(vm.pk)
+    # Reported present and current: nothing to do.
+    guest = {"vm_id": str(vm.pk), "generation": fresh(vm).generation, "power": "running"}
+    done = services.guests_reported(host=host.name, payload={"guests": [guest]},
+                                    sent_at=timezone.now())  # fmt: skip
+    assert done == {"reissued": [], "settled": [], "orphans_destroyed": []}
+
+
+def test_orphans_are_destroyed_after_the_grace_period(sent, settings):
+    host = make_host()
+    orphan = {"vm_id": "7d6c0b7e-0000-4000-8000-000000000001", "generation": 3,
+              "power": "running"}  # fmt: skip
+    settings.ORPHAN_GRACE_S = 3600
+    now = timezone.now()
+    first = services.guests_reported(host=host.name, payload={"guests": [orphan]}, sent_at=now)
+    assert first["orphans_destroyed"] == []
+    settings.ORPHAN_GRACE_S = 0
+    later = now + timedelta(seconds=1)
+    done = services.guests_reported(host=host.name, payload={"guests": [orphan]}, sent_at=later)
+    assert done["orphans_destroyed"] == [orphan["vm_id"]]
+    assert sent[-1][2] == {**sent[-1][2], "vm_id": orphan["vm_id"], "desired": "absent"}
+
+
+def test_stuck_provisioning_is_marked_error(project, sent, settings):
+    make_host()
+    vm = make_vm(project)
+    later = timezone.now() + timedelta(seconds=settings.VM_OPERATION_DEADLINE_S + 1)
+    assert services.vms_reap_stuck(now=later) == 1
+    vm = fresh(vm)
+    assert vm.state == VmState.ERROR and "no answer from" in vm.state_reason
+
+
+def test_a_down_host_makes_its_vms_power_unknown(project, sent, settings):
+    host = make_host()
+    vm = make_vm(project)
+    report(vm, "running")
+    Host.objects.filter(pk=host.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    services.hosts_check()
+    assert fresh(vm).power_state == PowerState.UNKNOWN
+
+
+def test_suspended_projects_start_nothing(project, sent):
+    make_host()
+    project.status = ProjectStatus.SUSPENDED
+    project.save()
+    with pytest.raises(Conflict, match="suspended"):
+        make_vm(project)
+
+
+def test_spot_needs_a_template_that_allows_it(project, sent):
+    with pytest.raises(InvalidInput, match="does not allow spot"):
+        make_vm(project, template=make_template(spot_allowed=False), priority=Priority.SPOT)
+
+
+def test_inventory_report_is_idempotent_and_marks_missing_devices(sent):
+    host = make_host("gpu-inv")
+    assert Device.objects.filter(host=host, kind="gpu").count() == 8
+    assert Device.objects.filter(host=host, kind="rdma_vf").count() == 16
+    make_host("gpu-inv")  # the same report again
+    assert Device.objects.filter(host=host).count() == 26
+    services.inventory_reported(
+        host="gpu-inv", payload={"cpus": 128, "memory_mib": 1024, "devices": []},
+        sent_at=timezone.now() + timedelta(seconds=5),
+    )  # fmt: skip
+    assert not Device.objects.filter(host=host, present=True).exists()
+
+
+def test_placement_group_anti_affinity_and_affinity(project, sent):
+    for name in ("h1", "h2"):
+        make_host(name, kind="cpu")
+    anti = services.placement_group_create(project=project, name="spread", policy="anti_affinity")
+    hosts = {make_vm(project, placement_group=anti).host.name for _ in range(2)}
+    assert hosts == {"h1", "h2"}
+    third = make_vm(project, placement_group=anti)
+    assert third.state == VmState.PENDING and "anti-affinity" in third.state_reason
+    together = services.placement_group_create(project=project, name="pair", policy="affinity")
+    first = make_vm(project, placement_group=together)
+    assert make_vm(project, placement_group=together).host_id == first.host_id
