@@ -60,7 +60,12 @@ def driver() -> HypervisorDriver:
         if _driver is None:
             from compute.drivers.libvirt import LibvirtDriver
 
-            _driver = LibvirtDriver(runtime.config().libvirt_uri)
+            config = runtime.config()
+            _driver = LibvirtDriver(
+                config.libvirt_uri,
+                cpu_mode=config.guest_cpu_mode,
+                cpu_disable=config.guest_cpu_disable,
+            )
         return _driver
 
 

@@ -265,13 +265,19 @@ def build_domain_xml(
     cells: Sequence[NumaCell] | Mapping[int, Sequence[int]] = (),
     domain_type: str = "kvm",
     machine: str | None = "q35",
+    cpu_mode: str = "host-passthrough",
+    cpu_disable: Sequence[str] = (),
 ) -> str:
     """Domain XML for ``spec``.
 
     ``cells`` are the host's NUMA cells with their CPU ids (``NumaCell``s, or a mapping of
     cell id to CPU ids), as ``HypervisorDriver.host_cells()`` returns them; every host cell
     the guest is pinned to must be among them (``ValueError`` otherwise). Passthrough devices
-    need a q35 machine (their guest addresses are planned on its PCIe topology). No
+    need a q35 machine (their guest addresses are planned on its PCIe topology).
+    ``cpu_mode`` is libvirt's ``<cpu mode>`` (default ``host-passthrough``: GPU and HPC work
+    wants every host CPU feature); ``cpu_disable`` names CPU features to hide from the guest,
+    for a host that is itself a VM whose hypervisor refuses some of them (nested KVM refuses
+    ``arch-capabilities``' MSR on some machines). No
     ``<graphics>``: headless guests have none (``type='none'`` is invalid); the serial port
     is the console. A direct kernel boot has no ``<boot>`` element.
     """
@@ -319,7 +325,9 @@ def build_domain_xml(
     features = ET.SubElement(dom, "features")
     ET.SubElement(features, "acpi")  # graceful shutdown needs ACPI
     ET.SubElement(features, "apic")
-    cpu = ET.SubElement(dom, "cpu", mode="host-passthrough")
+    cpu = ET.SubElement(dom, "cpu", mode=cpu_mode)
+    for feature in cpu_disable:
+        ET.SubElement(cpu, "feature", policy="disable", name=feature)
     if guest_cells:
         numa = ET.SubElement(cpu, "numa")
         for cell in guest_cells:

@@ -194,11 +194,19 @@ class LibvirtDriver(HypervisorDriver):
     PCIe pass-through); ``poll_interval_s`` paces the wait for a graceful shutdown."""
 
     def __init__(
-        self, uri: str = "qemu:///system", *, machine: str = "q35", poll_interval_s: float = 0.5
+        self,
+        uri: str = "qemu:///system",
+        *,
+        machine: str = "q35",
+        cpu_mode: str = "host-passthrough",
+        cpu_disable: tuple[str, ...] = (),
+        poll_interval_s: float = 0.5,
     ) -> None:
         _silence_libvirt_stderr()
         self.uri = uri
         self.machine = machine
+        self.cpu_mode = cpu_mode
+        self.cpu_disable = cpu_disable
         self.poll_interval_s = poll_interval_s
         self._conn = _call(f"open {uri}", lambda: libvirt.open(uri))
         self._domain_type = "test" if self._conn.getType().lower() == "test" else "kvm"
@@ -305,7 +313,12 @@ class LibvirtDriver(HypervisorDriver):
                 return current
         try:
             xml = domain_xml.build_domain_xml(
-                spec, cells=self.host_cells(), domain_type=self._domain_type, machine=self.machine
+                spec,
+                cells=self.host_cells(),
+                domain_type=self._domain_type,
+                machine=self.machine,
+                cpu_mode=self.cpu_mode,
+                cpu_disable=self.cpu_disable,
             )
         except ValueError as exc:  # a cell the host lacks, too many devices on one cell
             raise DriverError(f"vm {spec.vm_id}: {exc}") from exc

@@ -21,6 +21,11 @@ class AgentConfig:
     instances_dir: Path  # KUMO_INSTANCES_DIR: per-guest files (seed ISO, root overlay)
     guests_report_s: float  # KUMO_GUESTS_REPORT_INTERVAL_S: seconds between guests reports
     inventory_report_s: float  # KUMO_INVENTORY_INTERVAL_S: seconds between inventory reports
+    # KUMO_GUEST_CPU_MODE: libvirt's <cpu mode> for guests, host-passthrough (default) or
+    # host-model. KUMO_GUEST_CPU_DISABLE: comma-separated CPU features hidden from guests, for
+    # a host that is itself a VM (nested KVM may refuse e.g. arch-capabilities).
+    guest_cpu_mode: str = "host-passthrough"
+    guest_cpu_disable: tuple[str, ...] = ()
 
     @property
     def transport_options(self) -> dict:
@@ -38,6 +43,10 @@ class AgentConfig:
             "concurrency": int(env.get("KUMO_AGENT_CONCURRENCY", "4")),
             "guests_report_s": float(env.get("KUMO_GUESTS_REPORT_INTERVAL_S", "30")),
             "inventory_report_s": float(env.get("KUMO_INVENTORY_INTERVAL_S", "600")),
+            "guest_cpu_mode": env.get("KUMO_GUEST_CPU_MODE", "host-passthrough"),
+            "guest_cpu_disable": tuple(
+                f.strip() for f in env.get("KUMO_GUEST_CPU_DISABLE", "").split(",") if f.strip()
+            ),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         values.setdefault(

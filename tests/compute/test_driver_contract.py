@@ -283,3 +283,17 @@ def test_guest_spec_rejects_unsafe_vm_ids_and_duplicate_gpus():
 def test_numa_cell_without_cell_cpus_is_refused_by_the_builder():
     with pytest.raises(ValueError):
         build_domain_xml(make_spec(numa_cell=0))
+
+
+def test_guest_cpu_mode_and_hidden_features_are_in_the_xml():
+    xml = build_domain_xml(
+        make_spec(), cpu_mode="host-model", cpu_disable=("arch-capabilities",), machine="q35"
+    )
+    cpu = ET.fromstring(xml).find("cpu")
+    assert cpu.get("mode") == "host-model"
+    assert [(f.get("policy"), f.get("name")) for f in cpu.findall("feature")] == [
+        ("disable", "arch-capabilities")
+    ]
+    assert ET.fromstring(build_domain_xml(make_spec())).find("cpu").get("mode") == (
+        "host-passthrough"
+    )

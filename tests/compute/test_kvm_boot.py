@@ -29,6 +29,7 @@ import pytest
 
 from compute.drivers import domain_xml
 from compute.drivers.base import GuestNotFound, GuestSpec, GuestState, PowerState
+from controlplane.agent.config import AgentConfig
 
 pytestmark = pytest.mark.kvm
 
@@ -209,7 +210,11 @@ def kvm_driver():
         pytest.skip(reason)
     from compute.drivers.libvirt import LibvirtDriver
 
-    driver = LibvirtDriver(URI)
+    # The agent's own settings: KUMO_GUEST_CPU_MODE / KUMO_GUEST_CPU_DISABLE (nested hosts).
+    config = AgentConfig.from_env(host="kvm-test")
+    driver = LibvirtDriver(
+        URI, cpu_mode=config.guest_cpu_mode, cpu_disable=config.guest_cpu_disable
+    )
     driver.ensure_absent(VM_ID)  # left over from a crashed run
     try:
         yield driver
