@@ -1,0 +1,539 @@
+"""Placement at scale: decisions in memory, claims in PostgreSQL by concurrent schedulers.
+
+Creates a fresh PostgreSQL database ``kumo_bench_placement`` on 127.0.0.1:5432 (user
+postgres, trust auth), migrates it and seeds 5,000 up hosts (128 vCPUs, 460 GiB, two NUMA
+cells, racks of 40), each with 8 A100 GPUs (4 per cell), one project, 1/2/4/8-GPU templates
+(16 vCPUs and 57 GiB per GPU, so an 8-GPU VM fills a host) and pending VMs of a seeded mix of
+those sizes (40 % 1 GPU, 30 % 2, 20 % 4, 10 % 8). Then, in this order:
+
+1. decisions: ``Scheduler.select`` + ``reserve`` in one process on a view of the 5,000 hosts
+   loaded by ``compute.placement.load_scheduler``, no database, over DECISIONS requests;
+2. claims: WORKERS processes, each with its own connection and its own cached view (warm
+   before the clock starts; reloads when it outlives KUMO_SCHEDULER_VIEW_TTL_S count), place
+   CLAIMS distinct VMs as ``compute.services.vm_schedule_pending`` does: per VM, one
+   transaction that locks the pending VM row and calls ``compute.placement.place`` (decide
+   on the process's possibly stale view, then claim with conditional UPDATEs, retrying lost
+   races). The workers' views do not see each other's claims, so races are real;
+3. plain SQL, the reference: WORKERS processes with bare psycopg connections make the same
+   claim for PLAIN_CLAIMS other VMs, placements decided beforehand (untimed) on a fresh
+   view: BEGIN; SELECT the VM FOR UPDATE; the conditional UPDATE of the host's counters;
+   UPDATE the devices WHERE vm_id IS NULL; the conditional UPDATE of the VM; COMMIT;
+4. overallocation, proved in SQL over everything both runs placed (see ``VIOLATIONS``).
+
+Prints progress on stderr and one JSON line, last, on stdout: ``decisions_per_s``,
+``claims_per_s`` (committed claims over wall-clock time, all workers), ``claim_p99_ms``
+(one claim's whole transaction), ``plain_sql_claims_per_s`` and its p99, the ratio
+``claims_vs_plain_sql``, the lost races and view reloads, and ``overallocated`` (must be 0).
+The workers and PostgreSQL share the machine's cores: compare figures from the same run.
+Drops the database at the end, whatever happens.
+
+Run: ``make bench-placement`` or ``.venv/bin/python bench/placement.py`` (one to two minutes).
+"""
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
+
+DB_NAME = "kumo_bench_placement"
+PG_URL = "postgres://postgres@127.0.0.1:5432"
+HOSTS = 5_000
+RACK_SIZE = 40
+CELLS = 2
+GPUS_PER_CELL = 4
+GPU_MODEL = "A100-SXM4-40GB"
+HOST_VCPUS = 128
+HOST_MEMORY_MIB = 460 * 1024
+VCPUS_PER_GPU = 16
+MEMORY_GIB_PER_GPU = 57
+MIX = {1: 40, 2: 30, 4: 20, 8: 10}  # GPUs per VM: weight
+DECISIONS = 5_000
+WORKERS = 4
+CLAIMS = 3_000
+PLAIN_CLAIMS = 3_000
+SEED = 20_240_601
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def recreate_database(*, drop_only: bool = False) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        if not drop_only:
+            conn.execute(f"CREATE DATABASE {DB_NAME}")
+
+
+def p99_ms(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return round(ordered[max(0, -(-len(ordered) * 99 // 100) - 1)] * 1000, 2)
+
+
+def gpu_mix(count: int, rng: random.Random) -> list[int]:
+    return rng.choices(list(MIX), weights=list(MIX.values()), k=count)
+
+
+# --- seeding -------------------------------------------------------------------------------------
+
+
+def seed() -> tuple[list[str], list[str]]:
+    """Hosts, GPUs, a project, templates, an image and CLAIMS + PLAIN_CLAIMS pending VMs;
+    returns the ids of the VMs for the Kumo run and for the plain SQL run, each in a shuffled
+    1/2/4/8-GPU mix."""
+    from django.db import connection
+
+    from compute.choices import DeviceKind, HostState, ImageFormat, VmState
+    from compute.models import Device, Host, VirtualMachine
+    from compute.services import catalog
+    from tenants import services as tenants
+
+    cell_memory = HOST_MEMORY_MIB // CELLS
+    hosts = Host.objects.bulk_create(
+        (
+            Host(
+                name=f"gpu{i:05d}",
+                state=HostState.UP,
+                rack=f"rack{i // RACK_SIZE:03d}",
+                zone="z1",
+                hypervisor="kvm",
+                vcpus=HOST_VCPUS,
+                memory_mib=HOST_MEMORY_MIB,
+                numa_cells=[
+                    {"id": c, "cpus": HOST_VCPUS // CELLS, "memory_mib": cell_memory}
+                    for c in range(CELLS)
+                ],
+            )
+            for i in range(HOSTS)
+        ),
+        batch_size=1000,
+    )
+    Device.objects.bulk_create(
+        (
+            Device(
+                host=host,
+                name=f"pci_0000_{slot:02x}_00_0",
+                pci_address=f"0000:{slot:02x}:00.0",
+                kind=DeviceKind.GPU,
+                model=GPU_MODEL,
+                vendor_id=0x10DE,
+                product_id=0x20B0,
+                class_code=0x030200,
+                numa_node=slot // GPUS_PER_CELL,
+                iommu_group=slot,
+            )
+            for host in hosts
+            for slot in range(CELLS * GPUS_PER_CELL)
+        ),
+        batch_size=5000,
+    )
+    user = tenants.user_create(username="bench")
+    project = tenants.project_create(slug="bench", name="Bench", owner=user)
+    templates = {
+        gpus: catalog.template_create(
+            name=f"gpu-{gpus}",
+            vcpus=VCPUS_PER_GPU * gpus,
+            memory_gib=MEMORY_GIB_PER_GPU * gpus,
+            gpus=gpus,
+            gpu_model=GPU_MODEL,
+        )
+        for gpus in MIX
+    }
+    image = catalog.image_create(
+        name="ubuntu-24.04",
+        os_distro="ubuntu",
+        os_version="24.04",
+        format=ImageFormat.QCOW2,
+        location="/var/lib/kumo/images/ubuntu-24.04.qcow2",
+        checksum="sha256:" + "0" * 64,
+    )
+    rng = random.Random(SEED)
+    vms = VirtualMachine.objects.bulk_create(
+        (
+            VirtualMachine(
+                project=project,
+                name=f"vm{i:05d}",
+                template=templates[gpus],
+                image=image,
+                vcpus=templates[gpus].vcpus,
+                memory_mib=templates[gpus].memory_gib * 1024,
+                gpus=gpus,
+                gpu_model=GPU_MODEL,
+                disk_gib=templates[gpus].disk_gib,
+                state=VmState.PENDING,
+            )
+            for i, gpus in enumerate(gpu_mix(CLAIMS + PLAIN_CLAIMS, rng))
+        ),
+        batch_size=2000,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")  # planner statistics, as autovacuum would soon gather them
+    ids = [str(vm.pk) for vm in vms]
+    return ids[:CLAIMS], ids[CLAIMS:]
+
+
+# --- 1. decisions in memory ----------------------------------------------------------------------
+
+
+def measure_decisions() -> dict:
+    from compute.placement import load_scheduler
+    from compute.scheduler import Request
+
+    start = time.perf_counter()
+    scheduler = load_scheduler()
+    load_s = time.perf_counter() - start
+    rng = random.Random(SEED + 1)
+    requests = [
+        Request(
+            vcpus=VCPUS_PER_GPU * gpus,
+            memory_mib=MEMORY_GIB_PER_GPU * gpus * 1024,
+            gpus=gpus,
+            gpu_model=GPU_MODEL,
+        )
+        for gpus in gpu_mix(DECISIONS, rng)
+    ]
+    latencies = []
+    start = time.perf_counter()
+    for req in requests:
+        t0 = time.perf_counter()
+        scheduler.reserve(scheduler.select(req), req)
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
+    return {
+        "decisions": DECISIONS,
+        "decisions_per_s": round(DECISIONS / elapsed, 1),
+        "decision_p99_ms": p99_ms(latencies),
+        "view_load_ms": round(load_s * 1000, 1),
+    }
+
+
+# --- 2. claims through Kumo ----------------------------------------------------------------------
+
+
+class _Counter(logging.Handler):
+    """Counts compute.placement's "lost a race" lines instead of writing them."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.races = 0
+
+    def emit(self, record):
+        if "lost a race" in record.msg:
+            self.races += 1
+
+
+def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
+    """One scheduler process: warm its view, wait for the start, place ``vm_ids``."""
+    from django.db import connections, transaction
+
+    from compute import placement
+    from compute.choices import VmState
+    from compute.models import VirtualMachine
+    from compute.scheduler import NoValidHost
+
+    counter = _Counter()
+    placement_log = logging.getLogger("compute.placement")
+    placement_log.handlers = [counter]
+    placement_log.setLevel(logging.INFO)
+    placement_log.propagate = False
+    loads = 0
+    real_load = placement.load_scheduler
+
+    def counted_load(**kwargs):
+        nonlocal loads
+        loads += 1
+        return real_load(**kwargs)
+
+    placement.load_scheduler = counted_load
+    placement.view.get(fresh=True)
+    loads = 0  # the warm-up load is not part of the run
+    ready.put(os.getpid())
+    go.wait()
+    latencies, unplaced, skipped = [], 0, 0
+    try:
+        for pk in vm_ids:
+            t0 = time.perf_counter()
+            with transaction.atomic():
+                vm = (
+                    VirtualMachine.objects.select_for_update()
+                    .filter(pk=pk, state=VmState.PENDING)
+                    .first()
+                )
+                if vm is None:
+                    skipped += 1
+                    continue
+                try:
+                    placement.place(vm)
+                except NoValidHost:
+                    unplaced += 1
+                    continue
+            latencies.append(time.perf_counter() - t0)
+        results.put(
+            {
+                "latencies": latencies,
+                "unplaced": unplaced,
+                "skipped": skipped,
+                "races": counter.races,
+                "loads": loads,
+                "end": time.perf_counter(),
+            }
+        )
+    except BaseException as e:
+        results.put({"error": f"{type(e).__name__}: {e}"})
+        raise
+    finally:
+        connections.close_all()
+
+
+def run_workers(target, shares: list[list], label: str) -> tuple[float, list[dict]]:
+    """Fork one process per share, start them together once all are ready; returns the
+    wall-clock time to the last one's end and their results."""
+    from django.db import connections
+
+    connections.close_all()  # no connection may cross a fork
+    ctx = multiprocessing.get_context("fork")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=target, args=(share, ready, go, results)) for share in shares]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    log(f"{label}: {len(procs)} workers ready, go")
+    start = time.perf_counter()
+    go.set()
+    outcomes = [results.get(timeout=1800) for _ in procs]
+    for proc in procs:
+        proc.join()
+    errors = [o["error"] for o in outcomes if "error" in o]
+    if errors:
+        raise RuntimeError(f"{label}: {errors}")
+    return max(o["end"] for o in outcomes) - start, outcomes
+
+
+def measure_kumo_claims(vm_ids: list[str]) -> dict:
+    shares = [vm_ids[i::WORKERS] for i in range(WORKERS)]
+    elapsed, outcomes = run_workers(kumo_worker, shares, "kumo claims")
+    latencies = [lat for o in outcomes for lat in o["latencies"]]
+    return {
+        "claims": len(latencies),
+        "claims_per_s": round(len(latencies) / elapsed, 1),
+        "claim_p99_ms": p99_ms(latencies),
+        "claim_p50_ms": round(sorted(latencies)[len(latencies) // 2] * 1000, 2),
+        "races_lost": sum(o["races"] for o in outcomes),
+        "view_reloads": sum(o["loads"] for o in outcomes),
+        "no_valid_host": sum(o["unplaced"] for o in outcomes),
+        "claims_wall_s": round(elapsed, 2),
+    }
+
+
+# --- 3. the same claims as plain SQL -------------------------------------------------------------
+
+PLAIN_STATEMENTS = (
+    "SELECT id, generation FROM compute_virtualmachine WHERE id = %(vm)s AND state = 'pending'"
+    " FOR UPDATE",
+    "UPDATE compute_host SET vcpus_used = vcpus_used + %(vcpus)s,"
+    " memory_mib_used = memory_mib_used + %(mem)s"
+    " WHERE id = %(host)s AND state = 'up'"
+    " AND vcpus_used <= floor(vcpus * cpu_allocation_ratio) - %(vcpus)s"
+    " AND memory_mib_used <= floor(memory_mib * ram_allocation_ratio) - %(mem)s",
+    "UPDATE compute_device SET vm_id = %(vm)s WHERE id = ANY(%(devices)s) AND host_id = %(host)s"
+    " AND vm_id IS NULL AND present",
+    "UPDATE compute_virtualmachine SET host_id = %(host)s, numa_cell = %(cell)s, rack = %(rack)s,"
+    " state = 'provisioning', state_reason = '', generation = generation + 1,"
+    " updated_at = now() WHERE id = %(vm)s AND generation = %(generation)s AND host_id IS NULL",
+)
+
+
+def plain_worker(claims: list[dict], ready, go, results) -> None:
+    """Claims as bare psycopg statements on its own connection, one transaction each."""
+    import psycopg
+
+    try:
+        with psycopg.connect(f"{PG_URL}/{DB_NAME}") as conn:
+            ready.put(os.getpid())
+            go.wait()
+            latencies, failed = [], 0
+            select_vm, update_host, update_devices, update_vm = PLAIN_STATEMENTS
+            for params in claims:
+                t0 = time.perf_counter()
+                row = conn.execute(select_vm, params).fetchone()
+                ok = (
+                    row is not None
+                    and conn.execute(update_host, params).rowcount == 1
+                    and conn.execute(update_devices, params).rowcount == len(params["devices"])
+                    and conn.execute(update_vm, {**params, "generation": row[1]}).rowcount == 1
+                )
+                if ok:
+                    conn.commit()
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    conn.rollback()
+                    failed += 1
+        results.put({"latencies": latencies, "failed": failed, "end": time.perf_counter()})
+    except BaseException as e:
+        results.put({"error": f"{type(e).__name__}: {e}"})
+        raise
+
+
+def measure_plain_claims(vm_ids: list[str]) -> dict:
+    """Decide (untimed) on a fresh view, then claim with WORKERS plain SQL processes."""
+    from compute.models import VirtualMachine
+    from compute.placement import load_scheduler, request_for
+
+    scheduler = load_scheduler()
+    vms = {str(vm.pk): vm for vm in VirtualMachine.objects.filter(pk__in=vm_ids)}
+    claims = []
+    for pk in vm_ids:
+        vm = vms[pk]
+        req = request_for(vm)
+        where = scheduler.select(req)
+        scheduler.reserve(where, req)
+        claims.append(
+            {
+                "vm": vm.pk,
+                "vcpus": req.vcpus,
+                "mem": req.memory_mib,
+                "host": where.host_id,
+                "devices": list(where.device_ids),
+                "cell": where.numa_cell,
+                "rack": where.rack,
+            }
+        )
+    shares = [claims[i::WORKERS] for i in range(WORKERS)]
+    elapsed, outcomes = run_workers(plain_worker, shares, "plain SQL claims")
+    latencies = [lat for o in outcomes for lat in o["latencies"]]
+    return {
+        "plain_sql_claims": len(latencies),
+        "plain_sql_claims_per_s": round(len(latencies) / elapsed, 1),
+        "plain_sql_claim_p99_ms": p99_ms(latencies),
+        "plain_sql_failed": sum(o["failed"] for o in outcomes),
+    }
+
+
+# --- 4. overallocation ---------------------------------------------------------------------------
+
+VIOLATIONS = {
+    # A device held by a VM that is not placed on the device's host.
+    "device_off_host": """
+        SELECT count(*) FROM compute_device d JOIN compute_virtualmachine v ON v.id = d.vm_id
+        WHERE v.host_id IS DISTINCT FROM d.host_id""",
+    # A placed VM holding other than its number of GPUs, or an unplaced VM holding any.
+    "vm_gpu_count": """
+        SELECT count(*) FROM compute_virtualmachine v
+        LEFT JOIN (SELECT vm_id, count(*) AS n FROM compute_device
+                   WHERE vm_id IS NOT NULL GROUP BY vm_id) d ON d.vm_id = v.id
+        WHERE (v.host_id IS NOT NULL AND coalesce(d.n, 0) <> v.gpus)
+           OR (v.host_id IS NULL AND d.n IS NOT NULL)""",
+    # A host whose claim counters exceed what it may hand out.
+    "host_over_capacity": """
+        SELECT count(*) FROM compute_host
+        WHERE vcpus_used > floor(vcpus * cpu_allocation_ratio)
+           OR memory_mib_used > floor(memory_mib * ram_allocation_ratio)""",
+    # A host whose counters differ from the sum over the VMs placed on it.
+    "host_counter_drift": """
+        SELECT count(*) FROM compute_host h
+        LEFT JOIN (SELECT host_id, sum(vcpus) AS c, sum(memory_mib) AS m
+                   FROM compute_virtualmachine WHERE host_id IS NOT NULL
+                   GROUP BY host_id) s ON s.host_id = h.id
+        WHERE h.vcpus_used <> coalesce(s.c, 0) OR h.memory_mib_used <> coalesce(s.m, 0)""",
+    # A 1-4 GPU VM whose GPUs span two NUMA cells or are not on the cell it is pinned to.
+    "vm_spans_cells": """
+        SELECT count(*) FROM (
+            SELECT v.id FROM compute_virtualmachine v
+            JOIN compute_device d ON d.vm_id = v.id
+            WHERE v.gpus BETWEEN 1 AND 4
+            GROUP BY v.id, v.numa_cell
+            HAVING count(DISTINCT d.numa_node) > 1 OR min(d.numa_node) IS DISTINCT FROM v.numa_cell
+        ) x""",
+    # An 8-GPU VM that does not hold every GPU of its host.
+    "vm_not_whole_node": """
+        SELECT count(*) FROM compute_virtualmachine v
+        WHERE v.gpus = 8 AND v.host_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM compute_device d
+            WHERE d.host_id = v.host_id AND d.kind = 'gpu' AND d.vm_id IS DISTINCT FROM v.id)""",
+}
+
+
+def count_violations() -> dict[str, int]:
+    from django.db import connection
+
+    counts = {}
+    with connection.cursor() as cursor:
+        for name, sql in VIOLATIONS.items():
+            cursor.execute(sql)
+            counts[name] = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT count(*) FROM compute_virtualmachine WHERE host_id IS NOT NULL"
+            " AND state = 'provisioning'"
+        )
+        counts["placed"] = cursor.fetchone()[0]
+    return counts
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kumo-bench-") as var_dir:
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+            DATABASE_URL=f"{PG_URL}/{DB_NAME}",
+            KUMO_VAR_DIR=var_dir,
+            KUMO_LOG_LEVEL="WARNING",  # the workers count compute.placement's lines instead
+            DEBUG="0",
+        )
+        recreate_database()
+        try:
+            import django
+            from django.core.management import call_command
+
+            django.setup()
+            from django.conf import settings
+
+            log("migrating")
+            call_command("migrate", interactive=False, verbosity=0)
+            log(f"seeding {HOSTS} hosts, {HOSTS * CELLS * GPUS_PER_CELL} GPUs and VMs")
+            t0 = time.perf_counter()
+            kumo_ids, plain_ids = seed()
+            log(f"seeded in {time.perf_counter() - t0:.1f} s")
+            result = {"hosts": HOSTS}
+            result |= measure_decisions()
+            log(f"decisions: {result['decisions_per_s']}/s")
+            result |= measure_kumo_claims(kumo_ids)
+            log(f"kumo claims: {result['claims_per_s']}/s, p99 {result['claim_p99_ms']} ms")
+            result |= measure_plain_claims(plain_ids)
+            log(f"plain SQL claims: {result['plain_sql_claims_per_s']}/s")
+            violations = count_violations()
+            log(f"checks: {violations}")
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            recreate_database(drop_only=True)
+    placed = violations.pop("placed")
+    result |= {
+        "claims_vs_plain_sql": round(result["claims_per_s"] / result["plain_sql_claims_per_s"], 3),
+        "workers": WORKERS,
+        "view_ttl_s": settings.SCHEDULER_VIEW_TTL_S,
+        "sample": settings.SCHEDULER_SAMPLE,
+        "placed": placed,
+        "violations": violations,
+        "wall_s": round(time.monotonic() - began, 1),
+        "overallocated": sum(violations.values()),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
