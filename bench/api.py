@@ -39,8 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench` and the apps importable
 
+from bench.common import PG_URL, log, p99_ms, recreate_database  # noqa: E402
+
 DB_NAME = "kumo_bench"
-PG_URL = "postgres://postgres@127.0.0.1:5432"
 OBJECTS = 10_000
 PAGE_SIZE = 100
 # Two sync workers, as `manage.py run` and deploy/ serve Kumo: one process per core, each
@@ -53,19 +54,6 @@ WARMUP_S = 1.0
 ROUNDS = 3
 SLICE_S = 2.0  # per endpoint and round: ROUNDS * SLICE_S seconds measured per endpoint
 SLICE_MAX_REQUESTS = 20_000  # the other bound of a slice, should the machine be very fast
-
-
-def log(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-def recreate_database(*, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        if not drop_only:
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
 
 
 def seed() -> tuple[str, str, list[int]]:
@@ -210,11 +198,6 @@ def load(port: int, paths: list[str], headers: dict, seconds: float) -> tuple[fl
     return time.perf_counter() - start, [latency for r in results for latency in r]
 
 
-def p99_ms(latencies: list[float]) -> float:
-    ordered = sorted(latencies)
-    return round(ordered[max(0, -(-len(ordered) * 99 // 100) - 1)] * 1000, 2)
-
-
 def measure(port: int, targets: dict[str, list[str]], headers: dict) -> dict:
     for paths in targets.values():
         load(port, paths, headers, WARMUP_S)
@@ -243,7 +226,7 @@ def main() -> None:
             KUMO_VAR_DIR=var_dir,
             DEBUG="0",
         )
-        recreate_database()
+        recreate_database(DB_NAME)
         try:
             import django
             from django.core.management import call_command
@@ -268,7 +251,7 @@ def main() -> None:
                 log(f"measuring on 127.0.0.1:{port}, {ROUNDS}x{SLICE_S:g} s per endpoint")
                 result = measure(port, targets, headers)
         finally:
-            recreate_database(drop_only=True)  # WITH (FORCE): also ends our own connection
+            recreate_database(DB_NAME, drop_only=True)  # WITH (FORCE): also ends our own connection
     result |= {
         "list_vs_bare": round(result["list_rps"] / result["bare_rps"], 3),
         "detail_vs_bare": round(result["detail_rps"] / result["bare_rps"], 3),

@@ -43,8 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
 
+from bench.common import PG_URL, log, p99_ms, recreate_database  # noqa: E402
+
 DB_NAME = "kumo_bench_placement"
-PG_URL = "postgres://postgres@127.0.0.1:5432"
 HOSTS = 5_000
 RACK_SIZE = 40
 CELLS = 2
@@ -60,24 +61,6 @@ WORKERS = 4
 CLAIMS = 3_000
 PLAIN_CLAIMS = 3_000
 SEED = 20_240_601
-
-
-def log(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-def recreate_database(*, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        if not drop_only:
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
-
-
-def p99_ms(latencies: list[float]) -> float:
-    ordered = sorted(latencies)
-    return round(ordered[max(0, -(-len(ordered) * 99 // 100) - 1)] * 1000, 2)
 
 
 def gpu_mix(count: int, rng: random.Random) -> list[int]:
@@ -493,7 +476,7 @@ def main() -> None:
             KUMO_LOG_LEVEL="WARNING",  # the workers count compute.placement's lines instead
             DEBUG="0",
         )
-        recreate_database()
+        recreate_database(DB_NAME)
         try:
             import django
             from django.core.management import call_command
@@ -520,7 +503,7 @@ def main() -> None:
             from django.db import connections
 
             connections.close_all()
-            recreate_database(drop_only=True)
+            recreate_database(DB_NAME, drop_only=True)
     placed = violations.pop("placed")
     result |= {
         "claims_vs_plain_sql": round(result["claims_per_s"] / result["plain_sql_claims_per_s"], 3),

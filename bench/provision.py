@@ -38,36 +38,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
 
+from bench.common import PG_URL, log, percentile_ms, recreate_database  # noqa: E402
+
 DB_NAME = "kumo_bench_provision"
-PG_URL = "postgres://postgres@127.0.0.1:5432"
 REDIS_URL = "redis://127.0.0.1:6379/14"
 GPU_HOSTS = 4
 VMS = 30  # 1-GPU VMs, at most 8 per host
 WARMUP = 2
 
 
-def log(message: str) -> None:
-    print(f"bench: {message}", file=sys.stderr, flush=True)
-
-
-def recreate_database(*, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        if not drop_only:
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
-
-
 def flush_redis() -> None:
     import redis
 
     redis.Redis.from_url(REDIS_URL).flushdb()
-
-
-def percentile_ms(values: list[float], pct: int) -> float:
-    ordered = sorted(values)
-    return round(ordered[max(0, -(-len(ordered) * pct // 100) - 1)] * 1000, 2)
 
 
 def seed():
@@ -136,7 +119,7 @@ def main() -> None:
         KUMO_HEARTBEAT_INTERVAL_S="2",
     )
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    recreate_database()
+    recreate_database(DB_NAME)
     flush_redis()
     import django
 
@@ -217,7 +200,7 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        recreate_database(drop_only=True)
+        recreate_database(DB_NAME, drop_only=True)
         flush_redis()
 
 
