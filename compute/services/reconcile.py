@@ -12,6 +12,7 @@ convergence by one report interval; it never loses what a user asked for.
 """
 
 import logging
+import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -24,12 +25,13 @@ from compute.gpus import device_model
 from compute.models import Device, Host, OrphanGuest, VirtualMachine
 from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
 from compute.services.vms import (
-    _current_operation,
+    current_operation,
     desired_power,
     send_apply,
     vm_finish_delete,
 )
 from controlplane import agents, audit
+from controlplane.errors import Conflict
 from controlplane.services import operation_create, operation_finish
 
 log = logging.getLogger(__name__)
@@ -249,7 +251,7 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
             continue
         if guest is None and desired == DesiredPower.ABSENT:
             vm_finish_delete(vm)
-            _finish_operation(_current_operation(vm), vm=vm, ok=True)
+            _finish_operation(current_operation(vm), vm=vm, ok=True)
             done["settled"].append(vm_id)
             continue
         behind = guest is None or guest["generation"] < vm.generation
@@ -262,7 +264,7 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
             if vm.state != previous:
                 done["settled"].append(vm_id)
                 if not vm.task_state:
-                    _finish_operation(_current_operation(vm), vm=vm, ok=True)
+                    _finish_operation(current_operation(vm), vm=vm, ok=True)
         if behind and now - vm.updated_at > grace:
             log.info(
                 "vm %s generation %d: drift on %s (%s); work sent again",
@@ -271,7 +273,7 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
                 host,
                 "missing" if guest is None else "behind",
             )
-            send_apply(vm, operation_id=_current_operation(vm))
+            send_apply(vm, operation_id=current_operation(vm))
             done["reissued"].append(vm_id)
 
     # Guests no live VM accounts for: orphans, destroyed once they have stayed so a while.
@@ -304,8 +306,6 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
 
 
 def _uuid_or_none(value: str):
-    import uuid
-
     try:
         return uuid.UUID(value)
     except ValueError:
@@ -351,8 +351,6 @@ def vms_reap_stuck(*, now: datetime | None = None) -> int:
 @transaction.atomic
 def vm_describe(*, vm: VirtualMachine, actor=None):
     """Ask the VM's host for the guest as libvirt holds it (domain XML, power, generation)."""
-    from controlplane.errors import Conflict
-
     if vm.host_id is None:
         raise Conflict(f"vm {vm.name} is not placed on a host", details={"state": [vm.state]})
     # An operator's question, not the project's work: the operation is the operators' own.

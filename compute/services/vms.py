@@ -112,7 +112,7 @@ def _open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
     )
 
 
-def _current_operation(vm: VirtualMachine) -> str:
+def current_operation(vm: VirtualMachine) -> str:
     """The id of the newest unfinished operation on ``vm`` (what a host's answer finishes)."""
     op = (
         Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
@@ -285,7 +285,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
                 continue
             audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
-            send_apply(vm, operation_id=_current_operation(vm))
+            send_apply(vm, operation_id=current_operation(vm))
             placed += 1
     return placed
 
@@ -332,7 +332,7 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
         vm = _transition(
             vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()
         )
-        pending = _current_operation(vm)
+        pending = current_operation(vm)
         if pending:
             operation_finish(
                 operation_id=pending,

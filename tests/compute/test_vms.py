@@ -12,7 +12,7 @@ from compute.choices import HostState, PowerState, Priority, VmState, VmTask
 from compute.models import Device, Host, VirtualMachine
 from compute.protocol import VM_APPLY_TASK
 from compute.selectors import host_usage_drift
-from compute.services.vms import _current_operation
+from compute.services.vms import current_operation
 from controlplane.errors import Conflict, InvalidInput, QuotaExceeded
 from controlplane.models import Operation
 from tenants import services as tenants
@@ -70,7 +70,7 @@ def report(vm, power, *, generation=None, ok=True, error=""):
     return services.vm_observed(
         host=vm.host.name,
         payload={"vm_id": str(vm.pk), "generation": generation or vm.generation, "power": power,
-                 "ok": ok, "error": error, "operation_id": _current_operation(vm)},
+                 "ok": ok, "error": error, "operation_id": current_operation(vm)},
         sent_at=timezone.now(),
     )  # fmt: skip
 
