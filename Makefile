@@ -8,10 +8,10 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-APT_PACKAGES := libvirt-dev pkg-config iproute2
+APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench-api bench-placement bench-provision sysdeps install kvm-host lock clean
+.PHONY: run test lint bench-api bench-placement bench-provision bench-netagent sysdeps install kvm-host lock clean
 
 run: install
 	$(PY) manage.py run
@@ -32,6 +32,9 @@ bench-placement: install
 
 bench-provision: install
 	$(PY) bench/provision.py
+
+bench-netagent: install
+	$(PY) bench/netagent.py
 
 # System packages: only what is missing is installed, so a prepared machine pays nothing.
 sysdeps:
