@@ -3,6 +3,8 @@ from django.contrib import admin
 from compute import services
 from compute.choices import HostState
 from compute.models import Device, Host, Image, PlacementGroup, Template, VirtualMachine
+from controlplane.admin import ReadOnlyAdmin
+from controlplane.errors import KumoError
 
 
 @admin.register(Host)
@@ -25,8 +27,6 @@ class HostAdmin(admin.ModelAdmin):
         return False  # hosts enroll through their agent's first heartbeat
 
     def _set_state(self, request, queryset, state):
-        from controlplane.errors import KumoError
-
         for host in queryset:
             try:
                 services.host_set_state(host=host, state=state, reason="admin console")
@@ -52,21 +52,8 @@ class HostAdmin(admin.ModelAdmin):
             self.message_user(request, f"ping {host.name}: operation {operation.pk}")
 
 
-class _ReadOnly(admin.ModelAdmin):
-    """Changed only through the API's services; the console reads and runs actions."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(Device)
-class DeviceAdmin(_ReadOnly):
+class DeviceAdmin(ReadOnlyAdmin):
     list_display = ["host", "pci_address", "kind", "model", "numa_node", "present", "vm"]
     list_filter = ["kind", "model", "present", "numa_node"]
     search_fields = ["host__name", "pci_address", "vm__name"]
@@ -74,7 +61,7 @@ class DeviceAdmin(_ReadOnly):
 
 
 @admin.register(VirtualMachine)
-class VirtualMachineAdmin(_ReadOnly):
+class VirtualMachineAdmin(ReadOnlyAdmin):
     list_display = [
         "name",
         "project",
@@ -92,8 +79,6 @@ class VirtualMachineAdmin(_ReadOnly):
     actions = ["stop", "delete_vms"]
 
     def _run(self, request, queryset, service):
-        from controlplane.errors import KumoError
-
         for vm in queryset.select_related("project"):
             try:
                 service(vm=vm, actor=request.user)
@@ -150,13 +135,13 @@ class TemplateAdmin(admin.ModelAdmin):
 
 
 @admin.register(Image)
-class ImageAdmin(_ReadOnly):
+class ImageAdmin(ReadOnlyAdmin):
     list_display = ["name", "os_distro", "os_version", "format", "visibility", "project", "active"]
     list_filter = ["visibility", "format", "active"]
     search_fields = ["name", "location"]
 
 
 @admin.register(PlacementGroup)
-class PlacementGroupAdmin(_ReadOnly):
+class PlacementGroupAdmin(ReadOnlyAdmin):
     list_display = ["name", "project", "policy", "created_at"]
     list_filter = ["policy"]
