@@ -24,17 +24,5 @@ def _usage(project) -> dict[str, int]:
     }
 
 
-def _counter(resource: str):
-    def count(project) -> int:
-        return _usage(project)[resource]
-
-    count.__name__ = f"compute_{resource}"
-    return count
-
-
-_COUNTERS = {resource: _counter(resource) for resource in ("vms", "vcpus", "memory_gib", "gpus")}
-
-
 def register() -> None:
-    for resource, counter in _COUNTERS.items():
-        quotas.register_usage(resource, counter)
+    quotas.register_usage_counts(_usage)

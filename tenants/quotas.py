@@ -18,7 +18,9 @@ from controlplane.errors import QuotaExceeded
 from tenants.models import Project, Quota
 
 UsageCounter = Callable[[Project], int]
+UsageCounts = Callable[[Project], dict[str, int]]
 _counters: dict[str, list[UsageCounter]] = {name: [] for name in Quota.RESOURCES}
+_count_groups: list[UsageCounts] = []
 
 
 def register_usage(resource: str, counter: UsageCounter) -> None:
@@ -29,9 +31,24 @@ def register_usage(resource: str, counter: UsageCounter) -> None:
         _counters[resource].append(counter)
 
 
+def register_usage_counts(counter: UsageCounts) -> None:
+    """Register ``counter(project) -> {resource: int}``: several resources counted in one
+    go (compute counts VMs, vCPUs, memory and GPUs in one aggregate query)."""
+    if counter not in _count_groups:
+        _count_groups.append(counter)
+
+
 def usage(project: Project) -> dict[str, int]:
     """What the project uses now, per quota resource."""
-    return {name: sum(count(project) for count in counters) for name, counters in _counters.items()}
+    totals = {
+        name: sum(count(project) for count in counters) for name, counters in _counters.items()
+    }
+    for counter in _count_groups:
+        for name, value in counter(project).items():
+            if name not in totals:
+                raise ValueError(f"{counter.__qualname__} counts unknown quota resource {name!r}")
+            totals[name] += value
+    return totals
 
 
 def check(project: Project, **requested: int) -> Quota:

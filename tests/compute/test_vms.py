@@ -15,6 +15,7 @@ from compute.selectors import host_usage_drift
 from compute.services.vms import current_operation
 from controlplane.errors import Conflict, InvalidInput, QuotaExceeded
 from controlplane.models import Operation
+from tenants import quotas as tenant_quotas
 from tenants import services as tenants
 from tenants.choices import ProjectStatus
 from tests.factories import make_host, make_image, make_template, make_vm
@@ -148,6 +149,21 @@ def test_quota_is_enforced_at_create(project, sent):
     with pytest.raises(QuotaExceeded, match="gpus"):
         make_vm(project, template=template)
     assert VirtualMachine.objects.for_project(project).count() == 1
+
+
+def test_compute_usage_is_one_query_and_counts_what_holds_capacity(
+    project, sent, django_assert_num_queries
+):
+    make_host()
+    template = make_template(gpus=2)
+    make_vm(project, template=template)
+    deleted = make_vm(project, name="gone", template=make_template(gpus=0, name="cpu-x"))
+    services.vm_delete(vm=fresh(deleted))  # placed: deleting until the host answers
+    report(fresh(deleted), "absent")
+    with django_assert_num_queries(1):
+        used = tenant_quotas.usage(project)
+    assert used["vms"] == 1 and used["gpus"] == 2
+    assert used["vcpus"] == template.vcpus and used["memory_gib"] == template.memory_gib
 
 
 def test_drained_and_down_hosts_take_nothing(project, sent, settings):

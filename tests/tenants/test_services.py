@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db
 def counters(monkeypatch):
     """A private copy of the usage counters: what a test registers is gone after it."""
     monkeypatch.setattr(quotas, "_counters", {k: list(v) for k, v in quotas._counters.items()})
+    monkeypatch.setattr(quotas, "_count_groups", list(quotas._count_groups))
     return quotas._counters
 
 
@@ -248,6 +249,17 @@ def test_usage_is_counted_from_registered_counters(project, other_project, count
     quotas.register_usage("vcpus", lambda p: 2)
     assert quotas.usage(project)["vcpus"] == 5
     assert quotas.usage(other_project)["vcpus"] == 3
+
+
+def test_grouped_counts_add_to_single_counters(project, counters):
+    base = quotas.usage(project)
+    quotas.register_usage("vcpus", lambda p: 2)
+    quotas.register_usage_counts(lambda p: {"vcpus": 3, "gpus": 1})
+    used = quotas.usage(project)
+    assert (used["vcpus"], used["gpus"]) == (base["vcpus"] + 5, base["gpus"] + 1)
+    quotas.register_usage_counts(lambda p: {"teapots": 1})
+    with pytest.raises(ValueError, match="teapots"):
+        quotas.usage(project)
 
 
 def test_register_usage_refuses_an_unknown_resource(counters):
