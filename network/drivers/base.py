@@ -12,7 +12,7 @@ it made after a restart without remembering anything:
 
 - ``vx-<vni>``: the VXLAN device of VNI ``vni`` (decimal, at most 8 digits);
 - ``br-<vni>``: its bridge;
-- ``tp-<port id>``: a port's host-side device (first 11 characters of the port id).
+- ``tp-<port id>``: a port's host-side device (first 12 characters of the port id).
 
 Devices with those prefixes are Kumo's: a resync removes the ones no desired object names.
 Every other device on the host is left alone.
@@ -56,8 +56,8 @@ def bridge_name(vni: int) -> str:
 
 
 def port_name(port_id: str) -> str:
-    """``tp-`` and the first 11 characters of the port id (ids are UUIDs in hex: unique
-    enough in 44 bits on one host, and the agent checks it never maps two ports to one)."""
+    """``tp-`` and the first 12 characters of the port id (ids are UUIDs in hex: 48 bits,
+    and ``HostNetworks`` refuses two ports of one host that map to one name)."""
     if not _PORT_ID_RE.match(port_id):
         raise ValueError(f"invalid port id {port_id!r}: want 1-64 letters and digits")
     return (PORT_PREFIX + port_id)[:IFNAMSIZ]

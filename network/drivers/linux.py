@@ -95,7 +95,9 @@ class LinuxNetworkDriver:
         bridge, vxlan = bridge_name(net.vni), vxlan_name(net.vni)
         if self._replace_if(links, bridge, links.get(bridge, _NONE).kind != "bridge", result):
             index = self.nl.add_bridge(bridge, net.mtu)
-            links[bridge] = Link(index, bridge, "bridge", 0, True, net.mtu, "")
+            links[bridge] = Link(
+                index=index, name=bridge, kind="bridge", master=0, up=True, mtu=net.mtu, mac=""
+            )
             result.created.append(bridge)
         else:
             self._ensure_up(links[bridge], net.mtu)
@@ -111,7 +113,14 @@ class LinuxNetworkDriver:
                 underlay=underlay,
             )
             links[vxlan] = Link(
-                index, vxlan, "vxlan", links[bridge].index, True, net.mtu, "", net.vni
+                index=index,
+                name=vxlan,
+                kind="vxlan",
+                master=links[bridge].index,
+                up=True,
+                mtu=net.mtu,
+                mac="",
+                vni=net.vni,
             )
             result.created.append(vxlan)
         else:
@@ -133,7 +142,9 @@ class LinuxNetworkDriver:
                 peer_mac=port.mac,
                 mtu=mtu,
             )
-        links[port.name] = Link(index, port.name, kind, 0, False, 0, "")
+        links[port.name] = Link(
+            index=index, name=port.name, kind=kind, master=0, up=False, mtu=0, mac=""
+        )
         result.created.append(port.name)
 
     def _ensure_master(self, links, name: str, bridge: str) -> None:

@@ -135,7 +135,10 @@ class Netlink:
     def add_veth(self, name: str, *, peer: str, peer_netns: str, peer_mac: str, mtu: int) -> int:
         """A veth pair whose peer, with ``peer_mac``, is moved into ``peer_netns`` and set up
         there; returns the index of the host side (down, off any bridge)."""
-        temp = f"{name}p"[-15:]
+        # The peer is made under a temporary name, unique on this host because it is derived
+        # from the port's, and renamed once inside its namespace: its final name (eth0) may
+        # well exist in the host's namespace already.
+        temp = "nw" + name[2:]
         self._write(
             f"add veth {name}",
             self._ipr.link,

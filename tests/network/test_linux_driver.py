@@ -224,3 +224,17 @@ def test_an_index_taken_behind_the_agents_back_falls_back_to_the_kernels_choice(
         assert driver.resync(desired("h3")).removed == [vxlan_name(4242), bridge_name(4242)]
     finally:
         sh("ip", "-n", ns("h3"), "link", "del", "other0")
+
+
+def test_a_tap_port_for_a_vm_joins_its_bridge_and_converges_once(fabric, converged):
+    state = desired("h3")
+    tap = Port(port_id=f"vm{TAG}", vni=VNI_B, mac=mac(9), kind="tap")
+    with_tap = HostNetworks(
+        networks=state.networks, ports=(*state.ports, tap), underlay_device="ul0"
+    )
+    assert tap.name in fabric["h3"].resync(with_tap).created
+    details = sh("ip", "-d", "-n", ns("h3"), "link", "show", tap.name).stdout
+    assert "tun type tap" in details and f"master {bridge_name(VNI_B)}" in details
+    assert "mtu 1450" in details
+    assert fabric["h3"].resync(with_tap).writes == 0
+    assert fabric["h3"].resync(state).removed == [tap.name]
