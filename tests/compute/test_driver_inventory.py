@@ -16,17 +16,8 @@ from compute.drivers.libvirt import (
     classify_pci,
     parse_pci_device,
 )
+from tests.compute.test_simnode import GPU_ADDRESSES
 
-GPU_ADDRESSES = [
-    "0000:07:00.0",
-    "0000:0f:00.0",
-    "0000:47:00.0",
-    "0000:4e:00.0",
-    "0000:87:00.0",
-    "0000:90:00.0",
-    "0000:b7:00.0",
-    "0000:bd:00.0",
-]
 # One ConnectX-6 per NUMA cell: PF at function 0, VFs at slot 0 functions 1-7 and slot 1.0.
 PF_ADDRESSES = {0: "0000:0c:00.0", 1: "0000:8d:00.0"}
 
