@@ -69,13 +69,6 @@ def driver() -> HypervisorDriver:
         return _driver
 
 
-def use_driver(instance: HypervisorDriver | None) -> None:
-    """Replace the agent's driver (tests run the tasks on a fake)."""
-    global _driver
-    with _driver_lock:
-        _driver = instance
-
-
 def _guest_lock(vm_id: str) -> threading.Lock:
     with _driver_lock:
         return _guest_locks.setdefault(vm_id, threading.Lock())

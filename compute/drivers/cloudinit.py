@@ -71,18 +71,6 @@ def vendor_data(files: Mapping[str, str]) -> str:
     return "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False)
 
 
-def build_seed(
-    *,
-    instance_id: str,
-    hostname: str,
-    ssh_keys: Sequence[str] = (),
-    user_data: str = "",
-    files: Mapping[str, str] | None = None,
-) -> bytes:
-    """The seed ISO's bytes."""
-    return _iso(_contents(instance_id, hostname, ssh_keys, user_data, files))
-
-
 def _contents(instance_id, hostname, ssh_keys, user_data, files) -> dict[str, str]:
     return {
         "meta-data": meta_data(instance_id=instance_id, hostname=hostname, ssh_keys=ssh_keys),

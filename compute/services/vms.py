@@ -10,7 +10,6 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from compute import placement
@@ -360,10 +359,3 @@ def vm_finish_delete(vm: VirtualMachine) -> None:
     )
     vm.state = VmState.DELETED
     audit.record("vm.deleted", vm, project=vm.project)
-
-
-def live_vms(host_id: int):
-    """The VMs that occupy ``host_id``: placed and not yet deleted."""
-    return VirtualMachine.objects.filter(host_id=host_id).filter(
-        ~Q(state__in=[VmState.DELETED, VmState.PENDING])
-    )
