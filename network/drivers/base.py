@@ -12,10 +12,19 @@ it made after a restart without remembering anything:
 
 - ``vx-<vni>``: the VXLAN device of VNI ``vni`` (decimal, at most 8 digits);
 - ``br-<vni>``: its bridge;
-- ``tp-<port id>``: a port's host-side device (first 12 characters of the port id).
+- ``tp-<port id>``: a port's host-side device (first 12 characters of the port id);
+- ``vl-<vni>``: the VLAN device on the trunk that carries a network's L2VPN (gateway host);
+- ``ri-<vni>``: the host side of a router's leg on a network's bridge (gateway host);
+- ``re-<router id>``: the host side of a router's leg on the external bridge (gateway host);
+- ``kumo-r-<router id>``: a router's network namespace (first 12 characters of the id);
+  inside it, ``qr-<vni>`` faces each network and ``qg-0`` the external network.
 
-Devices with those prefixes are Kumo's: a resync removes the ones no desired object names.
-Every other device on the host is left alone.
+Devices and namespaces with those prefixes are Kumo's: a resync removes the ones no desired
+object names. Every other device on the host is left alone.
+
+Security groups become nftables rules per port (``Port.firewall``) in one table of the
+host's ``bridge`` family; NAT (SNAT, 1:1 NAT of global IPs, DNAT port forwards) lives in one
+``ip`` table inside each router's namespace, so projects with overlapping CIDRs never meet.
 """
 
 from __future__ import annotations
@@ -29,7 +38,17 @@ VXLAN_OVERHEAD = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
 MAX_VNI = 2**24 - 1
 IFNAMSIZ = 15
 VXLAN_PREFIX, BRIDGE_PREFIX, PORT_PREFIX = "vx-", "br-", "tp-"
-KUMO_PREFIXES = (VXLAN_PREFIX, BRIDGE_PREFIX, PORT_PREFIX)
+VLAN_PREFIX, ROUTER_LEG_PREFIX, ROUTER_EXT_PREFIX = "vl-", "ri-", "re-"
+KUMO_PREFIXES = (
+    VXLAN_PREFIX,
+    BRIDGE_PREFIX,
+    PORT_PREFIX,
+    VLAN_PREFIX,
+    ROUTER_LEG_PREFIX,
+    ROUTER_EXT_PREFIX,
+)
+ROUTER_NETNS_PREFIX = "kumo-r-"
+PROTOCOLS = ("any", "tcp", "udp", "icmp")
 _PORT_ID_RE = re.compile(r"^[A-Za-z0-9]{1,64}$")
 _MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
@@ -63,6 +82,13 @@ def port_name(port_id: str) -> str:
     return (PORT_PREFIX + port_id)[:IFNAMSIZ]
 
 
+def router_netns(router_id: str) -> str:
+    """``kumo-r-`` and the first 12 characters of the router id."""
+    if not _PORT_ID_RE.match(router_id):
+        raise ValueError(f"invalid router id {router_id!r}: want 1-64 letters and digits")
+    return ROUTER_NETNS_PREFIX + router_id[:12]
+
+
 @dataclass(frozen=True)
 class Network:
     """One overlay network as it should be on this host.
@@ -78,8 +104,12 @@ class Network:
     local_vtep: str
     remote_vteps: tuple[str, ...] = ()
     remote_macs: tuple[tuple[str, str], ...] = ()
+    #: an L2VPN: this VLAN id on ``HostNetworks.trunk_device`` joins the bridge (0: none)
+    l2vpn_vlan: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.l2vpn_vlan <= 4094:
+            raise ValueError(f"VLAN {self.l2vpn_vlan} out of range 1..4094")
         if not 1 <= self.vni <= MAX_VNI:
             raise ValueError(f"VNI {self.vni} out of range 1..{MAX_VNI}")
         if not 68 <= self.mtu <= 65535 - VXLAN_OVERHEAD:
@@ -98,12 +128,48 @@ class Network:
 
 
 @dataclass(frozen=True)
+class FirewallRule:
+    """One allowed flow of a port (security groups are allow-lists).
+
+    ``ingress`` rules match traffic to the port, ``egress`` traffic from it; ``remote_cidr``
+    is the other end (a remote security group arrives here already resolved to the
+    addresses of its ports). ``port_min``/``port_max`` bound the destination port of tcp
+    and udp (0: any port).
+    """
+
+    direction: str
+    protocol: str = "any"
+    port_min: int = 0
+    port_max: int = 0
+    remote_cidr: str = "0.0.0.0/0"
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("ingress", "egress"):
+            raise ValueError(f"direction {self.direction!r}: want ingress or egress")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {self.protocol!r}: want one of {PROTOCOLS}")
+        if self.port_min or self.port_max:
+            if self.protocol not in ("tcp", "udp"):
+                raise ValueError("ports apply to tcp and udp only")
+            if not 1 <= self.port_min <= self.port_max <= 65535:
+                raise ValueError(f"port range {self.port_min}-{self.port_max} is invalid")
+        ipaddress.ip_network(self.remote_cidr)
+
+
+@dataclass(frozen=True)
 class Port:
     """One port attached to a network's bridge.
 
     ``kind`` is ``tap`` (a persistent tap device a VM's ``<interface type='ethernet'>``
-    opens) or ``veth`` (a pair whose peer, named ``peer_name`` and given ``mac``, lives in
-    network namespace ``peer_netns``: containers, and the tests' stand-in VMs).
+    opens), ``veth`` (a pair whose peer, named ``peer_name`` and given ``mac``, lives in
+    network namespace ``peer_netns``: containers, and the tests' stand-in VMs) or ``vf``
+    (an SR-IOV virtual function ``vf_index`` of the physical function netdev ``pf``, passed
+    through to the VM: the agent sets its MAC, VLAN ``vlan`` and trust; it joins no bridge,
+    the NIC's switch carries it).
+
+    ``ips`` are the port's fixed addresses. ``firewall`` is None when the port is not
+    filtered; otherwise traffic from the port must come from ``mac`` and one of ``ips``,
+    replies to allowed flows pass, and new flows pass only when a rule allows them.
     """
 
     port_id: str
@@ -112,11 +178,20 @@ class Port:
     kind: str = "tap"
     peer_netns: str = ""
     peer_name: str = "eth0"
+    ips: tuple[str, ...] = ()
+    firewall: tuple[FirewallRule, ...] | None = None
+    pf: str = ""
+    vf_index: int = -1
+    vlan: int = 0
 
     def __post_init__(self) -> None:
         port_name(self.port_id)
-        if self.kind not in ("tap", "veth"):
-            raise ValueError(f"port kind {self.kind!r}: want tap or veth")
+        if self.kind not in ("tap", "veth", "vf"):
+            raise ValueError(f"port kind {self.kind!r}: want tap, veth or vf")
+        if self.kind == "vf" and (not self.pf or self.vf_index < 0):
+            raise ValueError("a vf port needs its physical function and VF index")
+        for address in self.ips:
+            ipaddress.IPv4Address(address)
         if self.kind == "veth" and not self.peer_netns:
             raise ValueError("a veth port needs the namespace of its peer")
         if not _MAC_RE.match(self.mac):
@@ -128,12 +203,91 @@ class Port:
 
 
 @dataclass(frozen=True)
+class RouterInterface:
+    """A router's leg on a network: ``address`` (the subnet's gateway, with its prefix
+    length, e.g. ``192.168.10.1/24``) with ``mac``, on the bridge of VNI ``vni``."""
+
+    vni: int
+    address: str
+    mac: str
+
+    def __post_init__(self) -> None:
+        ipaddress.IPv4Interface(self.address)
+        if not _MAC_RE.match(self.mac):
+            raise ValueError(f"invalid MAC {self.mac!r}: want lower-case aa:bb:cc:dd:ee:ff")
+
+
+@dataclass(frozen=True)
+class PortForward:
+    """DNAT: ``protocol`` traffic to ``global_ip:external_port`` goes to
+    ``internal_ip:internal_port``."""
+
+    global_ip: str
+    protocol: str
+    external_port: int
+    internal_ip: str
+    internal_port: int
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("tcp", "udp"):
+            raise ValueError(f"protocol {self.protocol!r}: want tcp or udp")
+        ipaddress.IPv4Address(self.global_ip)
+        ipaddress.IPv4Address(self.internal_ip)
+        for port in (self.external_port, self.internal_port):
+            if not 1 <= port <= 65535:
+                raise ValueError(f"port {port} out of range")
+
+
+@dataclass(frozen=True)
+class Router:
+    """One project's router on the gateway host, in its own network namespace.
+
+    ``interfaces``: its legs on the project's networks. ``external_address`` (with prefix
+    length) is its own address on the external network, on a leg to
+    ``HostNetworks.external_bridge``; ``external_gateway`` the default route's next hop.
+    Traffic from ``snat_cidrs`` leaving to the external network is source-NATed to
+    ``external_address``; ``floating`` maps a global IP 1:1 to an internal address (both
+    directions); ``forwards`` are DNAT port forwards; ``routes`` (destination CIDR, next
+    hop) are the project's own L3 routes to outside networks.
+    """
+
+    router_id: str
+    interfaces: tuple[RouterInterface, ...] = ()
+    external_address: str = ""
+    external_gateway: str = ""
+    snat_cidrs: tuple[str, ...] = ()
+    floating: tuple[tuple[str, str], ...] = ()
+    forwards: tuple[PortForward, ...] = ()
+    routes: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        router_netns(self.router_id)
+        if self.external_address:
+            ipaddress.IPv4Interface(self.external_address)
+        for global_ip, internal in self.floating:
+            ipaddress.IPv4Address(global_ip)
+            ipaddress.IPv4Address(internal)
+
+    @property
+    def netns(self) -> str:
+        return router_netns(self.router_id)
+
+
+@dataclass(frozen=True)
 class HostNetworks:
-    """Everything Kumo wants of one host's tenant networking."""
+    """Everything Kumo wants of one host's tenant networking.
+
+    ``external_bridge`` (gateway host only) is the existing bridge onto the external
+    network, where routers' external legs attach; ``trunk_device`` the existing device that
+    carries L2VPN VLANs to outside networks.
+    """
 
     networks: tuple[Network, ...] = ()
     ports: tuple[Port, ...] = ()
     underlay_device: str = ""  # the VXLAN devices' underlay link (empty: routed by address)
+    routers: tuple[Router, ...] = ()
+    external_bridge: str = ""
+    trunk_device: str = ""
 
     def __post_init__(self) -> None:
         vnis = [n.vni for n in self.networks]
@@ -142,9 +296,14 @@ class HostNetworks:
         names = [p.name for p in self.ports]
         if len(set(names)) != len(names):
             raise ValueError("two ports map to one device name")
-        missing = {p.vni for p in self.ports} - set(vnis)
+        legs = {i.vni for r in self.routers for i in r.interfaces}
+        missing = ({p.vni for p in self.ports if p.kind != "vf"} | legs) - set(vnis)
         if missing:
             raise ValueError(f"ports on networks not on this host: VNI {sorted(missing)}")
+        if not self.external_bridge and any(r.external_address for r in self.routers):
+            raise ValueError("routers with an external side need the external bridge")
+        if any(n.l2vpn_vlan for n in self.networks) and not self.trunk_device:
+            raise ValueError("an L2VPN VLAN needs the trunk device")
 
 
 @dataclass
