@@ -34,6 +34,29 @@ class DeviceWire:
 
 
 @dataclass(frozen=True)
+class InterfaceWire:
+    """One NIC of a guest, as the network side made its port.
+
+    ``kind`` ``tap``: a virtio NIC on the host's tap device ``device`` (the network agent
+    makes it and puts it on its network's bridge). ``kind`` ``vf``: an RDMA NIC's virtual
+    function passed through at ``pci_address`` (it also appears in ``VmApply.devices``).
+    ``addresses`` are the guest's static addresses with their prefix length
+    (``192.168.10.11/24``), written into the guest's cloud-init network configuration
+    with ``gateway`` (empty: none) and ``dns``.
+    """
+
+    port_id: str
+    mac: str
+    mtu: int
+    kind: str = "tap"
+    device: str = ""
+    pci_address: str = ""
+    addresses: tuple[str, ...] = ()
+    gateway: str = ""
+    dns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class VmApply:
     """What the controller wants of one guest at one generation.
 
@@ -59,6 +82,7 @@ class VmApply:
     reboot: bool = False
     graceful_timeout_s: float = 60.0
     operation_id: str = ""
+    interfaces: tuple[InterfaceWire, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict:
@@ -69,6 +93,12 @@ class VmApply:
         data = dict(data)
         data["devices"] = tuple(DeviceWire(**d) for d in data.get("devices", ()))
         data["ssh_keys"] = tuple(data.get("ssh_keys", ()))
+        data["interfaces"] = tuple(
+            InterfaceWire(
+                **{**i, "addresses": tuple(i.get("addresses", ())), "dns": tuple(i.get("dns", ()))}
+            )
+            for i in data.get("interfaces", ())
+        )
         return cls(**data)
 
 
