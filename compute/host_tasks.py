@@ -5,10 +5,16 @@ was last defined with lives in its libvirt metadata, a task older than that chan
 nothing, and every step (define, start, stop, remove) is an ``ensure_*`` whose repeat is
 harmless. Whatever happens, the task reports what the host now holds, so the controller
 never has to trust a message got through: the periodic guests report catches the rest.
+
+A guest's tap NICs need their host tap devices before it starts (libvirt opens them and
+never makes them): on a real host the task makes any that are missing, through the network
+driver's netlink module; the network agent bridges them. A simulated host touches no host
+network.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -24,9 +30,11 @@ from compute.drivers.base import (
     DeviceKind,
     DiskSpec,
     DriverError,
+    GuestNic,
     GuestNotFound,
     GuestSpec,
     HypervisorDriver,
+    NicKind,
     PassthroughDevice,
     PciAddress,
     PowerState,
@@ -43,6 +51,8 @@ from compute.protocol import (
     inventory_payload,
 )
 from controlplane.agent import reports, runtime
+from network.drivers.base import NetworkDriverError
+from network.drivers.netlink import Netlink
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +105,22 @@ def _devices(message: VmApply) -> tuple[PassthroughDevice, ...]:
     )
 
 
+def _nics(message: VmApply) -> tuple[GuestNic, ...]:
+    return tuple(
+        GuestNic(
+            mac=i.mac.lower(),
+            mtu=i.mtu,
+            kind=NicKind(i.kind),
+            device=i.device,
+            pci_address=PciAddress.parse(i.pci_address) if i.pci_address else None,
+            addresses=i.addresses,
+            gateway=i.gateway,
+            dns=i.dns,
+        )
+        for i in message.interfaces
+    )
+
+
 def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
     """The guest's root disk: a qcow2 overlay on the image, made once per VM.
 
@@ -135,7 +161,7 @@ def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
 
 def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
     """The driver's spec for ``message``, with its cloud-init seed written (NCCL topology
-    included for GPU guests)."""
+    included for GPU guests, network configuration for guests with NICs)."""
     spec = GuestSpec(
         vm_id=message.vm_id,
         generation=message.generation,
@@ -144,6 +170,7 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
         memory_mib=message.memory_mib,
         numa_cell=message.numa_cell,
         devices=_devices(message),
+        nics=_nics(message),
     )
     files = {}
     if spec.gpus:
@@ -155,8 +182,44 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
         ssh_keys=list(message.ssh_keys),
         user_data=message.user_data,
         files=files,
+        nics=spec.nics,
     )
     return replace(spec, disks=(_root_disk(message, hv),), seed_iso=str(seed))
+
+
+def ensure_taps(nics: tuple[GuestNic, ...], nl: Netlink) -> list[str]:
+    """Make the host tap device of every tap NIC in ``nics`` that lacks one, and return the
+    names made. A tap made here is persistent (it outlives the guest's QEMU), down and on no
+    bridge, as the network agent makes its own, which then bridges it and brings it up.
+    One link dump; a tap someone made meanwhile ("already exists") is success; any other
+    refusal is a ``DriverError``."""
+    present = nl.links()
+    made = []
+    for nic in nics:
+        if nic.kind is not NicKind.TAP or nic.device in present:
+            continue
+        try:
+            nl.add_tap(nic.device)
+        except NetworkDriverError as e:
+            if e.errno != errno.EEXIST:
+                raise DriverError(f"tap {nic.device}: {e}") from e
+            continue
+        made.append(nic.device)
+    return made
+
+
+def _prepare_host_network(spec: GuestSpec, hv: HypervisorDriver) -> None:
+    """On a real host, the taps ``spec``'s guest opens when it starts; nothing on a simulated
+    host (libvirt's test driver opens no tap)."""
+    if getattr(hv, "simulated", False) or not any(n.kind is NicKind.TAP for n in spec.nics):
+        return
+    nl = Netlink()
+    try:
+        made = ensure_taps(spec.nics, nl)
+    finally:
+        nl.close()
+    if made:
+        log.info("vm %s generation %d: made taps %s", spec.vm_id, spec.generation, made)
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -196,10 +259,12 @@ def apply(message: VmApply, hv: HypervisorDriver) -> tuple[int, str]:
         )
         return current.generation, current.power.value
     first_apply = current is None or current.generation < message.generation
-    state = hv.ensure_defined(guest_spec(message, hv))
+    spec = guest_spec(message, hv)
+    state = hv.ensure_defined(spec)
     if message.desired == "running":
         if message.reboot and first_apply and state.power is PowerState.RUNNING:
             hv.ensure_stopped(message.vm_id, graceful_timeout_s=message.graceful_timeout_s)
+        _prepare_host_network(spec, hv)
         state = hv.ensure_running(message.vm_id)
     else:
         state = hv.ensure_stopped(message.vm_id, graceful_timeout_s=message.graceful_timeout_s)

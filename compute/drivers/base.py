@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ _PCI_RE = re.compile(
     r"^(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):"
     r"(?P<slot>[0-9a-fA-F]{2})\.(?P<function>[0-7])$"
 )
+_MAC_RE = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2}){5}$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")  # the kernel's IFNAMSIZ, less the NUL
 
 
 class DriverError(Exception):
@@ -160,6 +163,52 @@ class PassthroughDevice:
     product_id: int = 0
 
 
+class NicKind(enum.StrEnum):
+    """How a guest NIC reaches its network."""
+
+    TAP = "tap"  # a virtio NIC on a host tap device, which the network agent bridges
+    VF = "vf"  # an RDMA NIC's virtual function, passed through as one of the spec's devices
+
+
+@dataclass(frozen=True)
+class GuestNic:
+    """One network interface of a guest.
+
+    A ``TAP`` NIC is a virtio NIC on the host tap device ``device``, which the hypervisor
+    opens and never makes (the agent makes it before the guest starts; the network agent
+    puts it on its network's bridge). A ``VF`` NIC is the virtual function at
+    ``pci_address``, which must also be one of the spec's ``devices``: it adds no device of
+    its own. Inside the guest the NIC is found by ``mac`` (lower case, as libvirt writes it)
+    and configured by cloud-init with ``addresses`` (``192.168.10.11/24``), a default route
+    via ``gateway`` (empty: none), ``dns`` servers and ``mtu``.
+    """
+
+    mac: str
+    mtu: int
+    kind: NicKind = NicKind.TAP
+    device: str = ""
+    pci_address: PciAddress | None = None
+    addresses: tuple[str, ...] = ()
+    gateway: str = ""
+    dns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _MAC_RE.match(self.mac):
+            raise ValueError(f"invalid MAC {self.mac!r}: want lower-case aa:bb:cc:dd:ee:ff")
+        if not 68 <= self.mtu <= 65535:
+            raise ValueError(f"MTU {self.mtu} out of range 68..65535")
+        if self.kind is NicKind.TAP and not _IFNAME_RE.match(self.device):
+            raise ValueError(f"invalid tap device {self.device!r}: want 1-15 of [A-Za-z0-9_.-]")
+        if self.kind is NicKind.VF and self.pci_address is None:
+            raise ValueError("a VF NIC needs its pci_address")
+        for address in self.addresses:
+            ipaddress.ip_interface(address)  # ValueError when malformed
+        if self.gateway:
+            ipaddress.ip_address(self.gateway)
+        for server in self.dns:
+            ipaddress.ip_address(server)
+
+
 @dataclass(frozen=True)
 class GuestSpec:
     """What one guest should look like at one generation.
@@ -168,6 +217,8 @@ class GuestSpec:
     GPUs hang off); ``devices`` (GPUs, RDMA VFs) are passed through whole with VFIO.
     ``seed_iso`` is a cloud-init NoCloud seed attached read-only as a CD-ROM. ``kernel`` (with
     ``initrd`` and ``cmdline``) boots the guest directly from host files instead of a disk.
+    ``nics`` are the guest's network interfaces in the order it sees them: MACs and tap
+    devices are unique, and each VF NIC names one of ``devices`` that is an RDMA VF.
     """
 
     vm_id: str
@@ -182,6 +233,7 @@ class GuestSpec:
     kernel: str | None = None
     initrd: str | None = None
     cmdline: str = ""
+    nics: tuple[GuestNic, ...] = ()
 
     def __post_init__(self) -> None:
         validate_vm_id(self.vm_id)
@@ -194,6 +246,17 @@ class GuestSpec:
             raise ValueError("a device is listed twice")
         if self.initrd and not self.kernel:
             raise ValueError("an initrd needs a kernel")
+        self._check_nics()
+
+    def _check_nics(self) -> None:
+        macs = [nic.mac for nic in self.nics]
+        taps = [nic.device for nic in self.nics if nic.kind is NicKind.TAP]
+        if len(set(macs)) != len(macs) or len(set(taps)) != len(taps):
+            raise ValueError("a NIC's MAC or tap device is listed twice")
+        vfs = {d.address for d in self.devices if d.kind is DeviceKind.RDMA_VF}
+        for nic in self.nics:
+            if nic.kind is NicKind.VF and nic.pci_address not in vfs:
+                raise ValueError(f"VF NIC {nic.mac}: {nic.pci_address} is not a passed-through VF")
 
     @property
     def gpus(self) -> tuple[PciAddress, ...]:

@@ -9,7 +9,9 @@ source reads them:
 - ``user-data``: the user's own cloud-init user-data, byte for byte (empty when none);
 - ``vendor-data``: Kumo's part, a ``#cloud-config`` with ``write_files`` (the NCCL topology
   of a GPU guest). Vendor data is the provider's channel: the user's user-data is never
-  rewritten, and may still switch vendor data off.
+  rewritten, and may still switch vendor data off;
+- ``network-config``, only for a guest with NICs: netplan version 2 (``network_config``).
+  A seed without NICs has no such file, so cloud-init's own fallback applies.
 
 The ISO is written with pycdlib (pure Python, no genisoimage on the host) with Joliet and
 Rock Ridge names, as ``genisoimage -J -r`` makes them: cloud-init mounts the seed and
@@ -20,6 +22,7 @@ target) and a repeat with the same content leaves the file as it is.
 from __future__ import annotations
 
 import io
+import ipaddress
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -27,6 +30,9 @@ from pathlib import Path
 
 import pycdlib
 import yaml
+from pycdlib.pycdlibexception import PyCdlibInvalidInput
+
+from compute.drivers.base import GuestNic
 
 VOLUME_LABEL = "cidata"
 # (ISO 9660 level-1 name, the real name cloud-init looks for)
@@ -34,7 +40,12 @@ _FILES = (
     ("METADATA.;1", "meta-data"),
     ("USERDATA.;1", "user-data"),
     ("VENDORDA.;1", "vendor-data"),
+    ("NETWORKC.;1", "network-config"),
 )
+_OPTIONAL = {"network-config"}  # present only when it has content
+# The guest's name for its n-th NIC: the dash keeps it clear of the kernel's (eth0) and
+# udev's (ens3, enp1s0) names, which a rename must not take.
+NIC_NAME_PREFIX = "ens-"
 
 
 class _Dumper(yaml.SafeDumper):
@@ -71,12 +82,44 @@ def vendor_data(files: Mapping[str, str]) -> str:
     return "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False)
 
 
-def _contents(instance_id, hostname, ssh_keys, user_data, files) -> dict[str, str]:
-    return {
+def _default_route(gateway: str) -> str:
+    return "0.0.0.0/0" if ipaddress.ip_address(gateway).version == 4 else "::/0"
+
+
+def network_config(nics: Sequence[GuestNic]) -> str:
+    """Netplan version 2 for ``nics`` ("" when there are none).
+
+    NIC ``n`` (its place in ``nics``) is matched by its MAC and renamed ``ens-<n>``, so the
+    guest's names follow the order given whatever PCI slot each NIC got; it gets its MTU,
+    its static addresses and its DNS servers. Only the first NIC with a gateway gets a
+    default route (via that gateway), so a guest has one default route whatever the rest.
+    """
+    if not nics:
+        return ""
+    ethernets = {}
+    routed = False
+    for index, nic in enumerate(nics):
+        name = f"{NIC_NAME_PREFIX}{index}"
+        config: dict = {"match": {"macaddress": nic.mac}, "set-name": name, "mtu": nic.mtu}
+        if nic.addresses:
+            config["addresses"] = list(nic.addresses)
+        if nic.gateway and not routed:
+            config["routes"] = [{"to": _default_route(nic.gateway), "via": nic.gateway}]
+            routed = True
+        if nic.dns:
+            config["nameservers"] = {"addresses": list(nic.dns)}
+        ethernets[name] = config
+    return yaml.safe_dump({"version": 2, "ethernets": ethernets}, sort_keys=False)
+
+
+def _contents(instance_id, hostname, ssh_keys, user_data, files, nics) -> dict[str, str]:
+    contents = {
         "meta-data": meta_data(instance_id=instance_id, hostname=hostname, ssh_keys=ssh_keys),
         "user-data": user_data,
         "vendor-data": vendor_data(files or {}),
+        "network-config": network_config(nics),
     }
+    return {name: text for name, text in contents.items() if text or name not in _OPTIONAL}
 
 
 def _iso(contents: Mapping[str, str]) -> bytes:
@@ -84,6 +127,8 @@ def _iso(contents: Mapping[str, str]) -> bytes:
     iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident=VOLUME_LABEL)
     try:
         for iso_name, name in _FILES:
+            if name not in contents:
+                continue
             data = contents[name].encode()
             iso.add_fp(
                 io.BytesIO(data),
@@ -101,14 +146,20 @@ def _iso(contents: Mapping[str, str]) -> bytes:
 
 def read_seed(path: str | Path) -> dict[str, str]:
     """The files of a seed ISO by their cloud-init names, as a guest would read them
-    (through the Rock Ridge names). For checks and diagnostics."""
+    (through the Rock Ridge names), and its volume ``label``; an optional file the seed
+    lacks is left out. For checks and diagnostics."""
     iso = pycdlib.PyCdlib()
     iso.open(str(path))
     try:
         found = {}
         for _iso_name, name in _FILES:
             out = io.BytesIO()
-            iso.get_file_from_iso_fp(out, rr_path=f"/{name}")
+            try:
+                iso.get_file_from_iso_fp(out, rr_path=f"/{name}")
+            except PyCdlibInvalidInput:
+                if name in _OPTIONAL:
+                    continue
+                raise
             found[name] = out.getvalue().decode()
         found["label"] = iso.pvd.volume_identifier.decode().strip()
         return found
@@ -121,7 +172,7 @@ def _same(path: Path, contents: Mapping[str, str]) -> bool:
         found = read_seed(path)
     except Exception:  # a torn or foreign file: rewrite it
         return False
-    return found.get("label") == VOLUME_LABEL and all(found[k] == v for k, v in contents.items())
+    return found == {**contents, "label": VOLUME_LABEL}
 
 
 def write_seed(
@@ -132,12 +183,14 @@ def write_seed(
     ssh_keys: Sequence[str] = (),
     user_data: str = "",
     files: Mapping[str, str] | None = None,
+    nics: Sequence[GuestNic] = (),
 ) -> Path:
     """Write the seed to ``path`` (its folder is made) and return the path. Idempotent: an
-    existing seed with the same files is left untouched; otherwise it is replaced atomically,
-    so a guest never reads a half-written seed."""
+    existing seed with the same files (no more, no fewer) is left untouched; otherwise it is
+    replaced atomically, so a guest never reads a half-written seed. ``nics`` become its
+    ``network-config``."""
     path = Path(path)
-    contents = _contents(instance_id, hostname, ssh_keys, user_data, files)
+    contents = _contents(instance_id, hostname, ssh_keys, user_data, files, nics)
     if path.exists() and _same(path, contents):
         return path
     data = _iso(contents)

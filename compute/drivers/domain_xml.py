@@ -34,14 +34,24 @@ so the two always agree and the topology can name devices before the guest boots
   expander's bus number caps the range); the buses below 0x80 are the main root bus's.
 * The guest PCI address is guest-visible ABI: changing the constants above changes every
   guest's device addresses at its next definition.
+* Each tap NIC (``GuestNic`` of kind ``TAP``, in the order given) is a virtio NIC alone
+  behind its own ``pcie-root-port``, whose controller indexes follow every controller
+  above, so adding or removing NICs never moves a passthrough device. The NICs' root ports
+  carry no address: libvirt puts them on the main root bus (``pcie-root``), whose buses the
+  firmware numbers below 0x80, apart from the expanders' and clear of every slot libvirt
+  reserves. Their guest bus numbers are left to the firmware; the guest finds its NICs by
+  MAC, not by address (``compute.drivers.cloudinit``). A VF NIC is one of the passthrough
+  devices and has no ``<interface>``.
 
 What libvirt's test driver (``test:///default``, libvirt 9.0) accepts, checked by the
 contract suite: ``pcie-root``, ``pcie-expander-bus`` with ``<target busNr><node>``,
 ``pcie-root-port`` with an explicit address on the expander, ``<hostdev>`` with an explicit
-guest ``<address type='pci'>``, ``<cpu><numa>``, ``<numatune><memnode>``, a SATA CD-ROM and
-``<os><kernel>``. It does not check that an expander's ``<node>`` names a guest NUMA cell
-(QEMU's driver refuses one that does not, so every expander here names one), and it never
-assigns addresses itself (nothing it returns shows a guest bus number). Hence the layout is
+guest ``<address type='pci'>``, ``<cpu><numa>``, ``<numatune><memnode>``, a SATA CD-ROM,
+``<os><kernel>``, and ``<interface type='ethernet'>`` with ``<target managed='no'>``,
+``<mtu>`` and an explicit guest ``<address type='pci'>`` behind an unaddressed root port.
+It does not check that an expander's ``<node>`` names a guest NUMA cell (QEMU's driver
+refuses one that does not, so every expander here names one), and it never assigns
+addresses itself (nothing it returns shows a guest bus number). Hence the layout is
 computed here, not read back from libvirt.
 """
 
@@ -55,7 +65,9 @@ from dataclasses import dataclass
 
 from compute.drivers.base import (
     DeviceKind,
+    GuestNic,
     GuestSpec,
+    NicKind,
     NumaCell,
     PassthroughDevice,
     PciAddress,
@@ -273,7 +285,8 @@ def build_domain_xml(
     ``cells`` are the host's NUMA cells with their CPU ids (``NumaCell``s, or a mapping of
     cell id to CPU ids), as ``HypervisorDriver.host_cells()`` returns them; every host cell
     the guest is pinned to must be among them (``ValueError`` otherwise). Passthrough devices
-    need a q35 machine (their guest addresses are planned on its PCIe topology).
+    and tap NICs need a q35 machine (their guest addresses are planned on its PCIe
+    topology).
     ``cpu_mode`` is libvirt's ``<cpu mode>`` (default ``host-passthrough``: GPU and HPC work
     wants every host CPU feature); ``cpu_disable`` names CPU features to hide from the guest,
     for a host that is itself a VM whose hypervisor refuses some of them (nested KVM refuses
@@ -284,8 +297,9 @@ def build_domain_xml(
     host_cpus = _cell_cpus(cells)
     guest_cells = guest_numa_layout(spec)
     slots = guest_pci_layout(spec)
-    if slots and not _is_q35(machine):
-        raise ValueError(f"passthrough devices need a q35 machine, not {machine!r}")
+    taps = [nic for nic in spec.nics if nic.kind is NicKind.TAP]
+    if (slots or taps) and not _is_q35(machine):
+        raise ValueError(f"passthrough devices and NICs need a q35 machine, not {machine!r}")
     pinned_cells = [spec.numa_cell] if spec.numa_cell is not None else []
     pinned_cells += [c.host_cell for c in guest_cells if c.host_cell is not None]
     for host_cell in pinned_cells:
@@ -357,8 +371,11 @@ def build_domain_xml(
         ET.SubElement(cdrom, "source", file=spec.seed_iso)
         ET.SubElement(cdrom, "target", dev=_cdrom_target(spec), bus="sata")
         ET.SubElement(cdrom, "readonly")
+    if slots or taps:
+        ET.SubElement(devices, "controller", type="pci", index="0", model="pcie-root")
     if slots:
         _pci_topology(devices, guest_cells, slots)
+    _interfaces(devices, taps, first_port_index=1 + len(guest_cells) + len(slots))
     serial = ET.SubElement(devices, "serial", type="pty")
     ET.SubElement(serial, "target", port="0")
     console = ET.SubElement(devices, "console", type="pty")
@@ -402,8 +419,7 @@ def _pinning(
 def _pci_topology(
     devices: ET.Element, guest_cells: Sequence[GuestCell], slots: Sequence[GuestPciSlot]
 ) -> None:
-    """The PCIe controllers and the ``<hostdev>``s of ``guest_pci_layout``."""
-    ET.SubElement(devices, "controller", type="pci", index="0", model="pcie-root")
+    """The expanders, root ports and ``<hostdev>``s of ``guest_pci_layout``."""
     for cell in guest_cells:
         expander = ET.SubElement(
             devices, "controller", type="pci", index=str(1 + cell.id), model="pcie-expander-bus"
@@ -430,6 +446,21 @@ def _pci_topology(
             function=_hex(host.function, 1),
         )
         _pci_address(hostdev, bus=slot.port_index, slot=0)
+
+
+def _interfaces(devices: ET.Element, taps: Sequence[GuestNic], *, first_port_index: int) -> None:
+    """One unaddressed ``pcie-root-port`` per tap NIC, indexes from ``first_port_index`` in
+    the order given, and the NIC's ``<interface type='ethernet'>`` alone behind it."""
+    ports = range(first_port_index, first_port_index + len(taps))
+    for index in ports:
+        ET.SubElement(devices, "controller", type="pci", index=str(index), model="pcie-root-port")
+    for index, nic in zip(ports, taps, strict=True):
+        interface = ET.SubElement(devices, "interface", type="ethernet")
+        ET.SubElement(interface, "mac", address=nic.mac)
+        ET.SubElement(interface, "target", dev=nic.device, managed="no")
+        ET.SubElement(interface, "model", type="virtio")
+        ET.SubElement(interface, "mtu", size=str(nic.mtu))
+        _pci_address(interface, bus=index, slot=0)
 
 
 def parse_kumo_metadata(xml: str) -> KumoMetadata | None:

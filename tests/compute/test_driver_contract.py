@@ -4,16 +4,20 @@ Fake-only behaviour (failure injection, GPU accounting) is tested at the end."""
 
 import uuid
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
+from compute.drivers import nccl
 from compute.drivers.base import (
     DeviceKind,
     DriverError,
+    GuestNic,
     GuestNotFound,
     GuestSpec,
     GuestState,
     HypervisorDriver,
+    NicKind,
     PassthroughDevice,
     PciAddress,
     PowerState,
@@ -30,6 +34,11 @@ from compute.drivers.libvirt import LibvirtDriver
 
 GPU_A = PciAddress.parse("0000:3b:00.0")
 GPU_B = PciAddress.parse("0000:af:00.1")
+VF = PciAddress.parse("0000:5e:00.1")
+TAPS = (
+    GuestNic(mac="52:54:00:0a:00:01", mtu=1450, device="tp-0a1b2c3d4e5f"),
+    GuestNic(mac="52:54:00:0a:00:02", mtu=9000, device="tp-5f4e3d2c1b0a"),
+)
 FOREIGN_XML = """<domain type='test'><name>{name}</name><memory unit='MiB'>64</memory>
 <os><type>hvm</type></os></domain>"""
 
@@ -79,7 +88,8 @@ def new_vm_id() -> str:
 
 
 def make_spec(vm_id: str | None = None, generation: int = 1, gpus=(), **overrides) -> GuestSpec:
-    """A spec; ``gpus`` (host addresses) become GPU devices on the spec's NUMA cell."""
+    """A spec; ``gpus`` (host addresses) become GPU devices on the spec's NUMA cell, unless
+    ``devices`` are given."""
     fields = {
         "vm_id": vm_id or new_vm_id(),
         "generation": generation,
@@ -89,9 +99,12 @@ def make_spec(vm_id: str | None = None, generation: int = 1, gpus=(), **override
         "numa_cell": None,
     }
     fields.update(overrides)
-    fields["devices"] = tuple(
-        PassthroughDevice(address=gpu, kind=DeviceKind.GPU, numa_node=fields["numa_cell"])
-        for gpu in gpus
+    fields.setdefault(
+        "devices",
+        tuple(
+            PassthroughDevice(address=gpu, kind=DeviceKind.GPU, numa_node=fields["numa_cell"])
+            for gpu in gpus
+        ),
     )
     return GuestSpec(**fields)
 
@@ -104,7 +117,7 @@ class TestDriverContract:
         assert driver.get_guest(spec.vm_id).power is PowerState.RUNNING
 
     def test_repeated_calls_are_idempotent(self, driver):
-        spec = make_spec(gpus=(GPU_A,))
+        spec = make_spec(gpus=(GPU_A,), nics=TAPS)
         driver.ensure_defined(spec)
         xml = driver.domain_xml(spec.vm_id)
         assert driver.ensure_defined(spec).generation == 1
@@ -214,6 +227,35 @@ class TestDriverContract:
         assert root.find("numatune/memory").get("nodeset") == "1"
         assert root.find("devices/graphics") is None
 
+    def test_tap_nics_are_virtio_on_their_taps_in_order_and_the_guest_starts(self, driver):
+        spec = make_spec(numa_cell=1, gpus=(GPU_A, GPU_B), nics=TAPS)
+        driver.ensure_defined(spec)
+        assert driver.ensure_running(spec.vm_id).power is PowerState.RUNNING
+        root = ET.fromstring(driver.domain_xml(spec.vm_id))  # libvirt: read back with XMLDesc
+        interfaces = root.findall("devices/interface")
+        assert [i.get("type") for i in interfaces] == ["ethernet", "ethernet"]
+        assert [i.find("mac").get("address") for i in interfaces] == [n.mac for n in TAPS]
+        assert [i.find("target").attrib for i in interfaces] == [
+            {"dev": n.device, "managed": "no"} for n in TAPS
+        ]
+        assert [i.find("model").get("type") for i in interfaces] == ["virtio", "virtio"]
+        assert [i.find("mtu").get("size") for i in interfaces] == ["1450", "9000"]
+        ports = {int(c.get("index")): c.get("model") for c in root.findall("devices/controller")}
+        buses = [int(i.find("address").get("bus"), 16) for i in interfaces]
+        assert [ports[bus] for bus in buses] == ["pcie-root-port"] * 2
+        hostdev_buses = {int(a.get("bus"), 16) for a in root.findall("devices/hostdev/address")}
+        assert len(set(buses) | hostdev_buses) == 4  # every device alone behind its own port
+
+    def test_a_vf_nic_adds_no_device_of_its_own(self, driver):
+        spec = make_spec(
+            devices=(PassthroughDevice(address=VF, kind=DeviceKind.RDMA_VF, numa_node=0),),
+            nics=(GuestNic(mac="52:54:00:0b:00:01", mtu=1500, kind=NicKind.VF, pci_address=VF),),
+        )
+        driver.ensure_defined(spec)
+        xml = driver.domain_xml(spec.vm_id)
+        assert parse_hostdev_addresses(xml) == [str(VF)]
+        assert ET.fromstring(xml).find("devices/interface") is None
+
     def test_unknown_numa_cell_is_a_driver_error(self, driver):
         spec = make_spec(numa_cell=9)
         with pytest.raises(DriverError):
@@ -297,3 +339,50 @@ def test_guest_cpu_mode_and_hidden_features_are_in_the_xml():
     assert ET.fromstring(build_domain_xml(make_spec())).find("cpu").get("mode") == (
         "host-passthrough"
     )
+
+
+def test_nics_never_move_passthrough_devices_nor_change_the_nccl_topology():
+    devices = (
+        PassthroughDevice(address=GPU_A, kind=DeviceKind.GPU, numa_node=0),
+        PassthroughDevice(address=VF, kind=DeviceKind.RDMA_VF, numa_node=0),
+        PassthroughDevice(address=GPU_B, kind=DeviceKind.GPU, numa_node=1),
+    )
+    vf_nic = GuestNic(mac="52:54:00:0b:00:01", mtu=1500, kind=NicKind.VF, pci_address=VF)
+    bare = make_spec("v1", devices=devices)
+    with_nics = make_spec("v1", devices=devices, nics=(*TAPS, vf_nic))
+
+    def pci(spec) -> set[bytes]:
+        root = ET.fromstring(build_domain_xml(spec, cells={0: [0, 1], 1: [2, 3]}))
+        return {ET.tostring(e) for e in root.find("devices") if e.tag in ("controller", "hostdev")}
+
+    added = [ET.fromstring(e) for e in pci(with_nics) - pci(bare)]
+    assert pci(bare) <= pci(with_nics)  # every controller and hostdev as it was
+    assert sorted((e.get("model"), int(e.get("index"))) for e in added) == [
+        ("pcie-root-port", 6),  # pcie-root, 2 expanders, 3 device ports, then the NICs'
+        ("pcie-root-port", 7),
+    ]
+    assert nccl.topology_xml(with_nics) == nccl.topology_xml(bare)
+
+
+def test_guest_nic_and_spec_validation():
+    tap = TAPS[0]
+    for bad in (
+        {"mac": "52:54:00:0A:00:01"},  # upper case would not read back as written
+        {"mtu": 67},
+        {"device": ""},
+        {"device": "a-name-longer-than-15"},
+        {"addresses": ("192.168.10.11/33",)},
+        {"gateway": "192.168.10"},
+        {"dns": ("not-an-address",)},
+        {"kind": NicKind.VF},  # without its pci_address
+    ):
+        with pytest.raises(ValueError):
+            replace(tap, **bad)
+    with pytest.raises(ValueError, match="twice"):
+        make_spec(nics=(tap, GuestNic(mac=tap.mac, mtu=1500, device="tp-other")))
+    with pytest.raises(ValueError, match="twice"):
+        make_spec(nics=(tap, GuestNic(mac="52:54:00:0a:00:09", mtu=1500, device=tap.device)))
+    with pytest.raises(ValueError, match="not a passed-through VF"):
+        make_spec(nics=(GuestNic(mac=tap.mac, mtu=1500, kind=NicKind.VF, pci_address=VF),))
+    with pytest.raises(ValueError, match="q35"):
+        build_domain_xml(make_spec(nics=TAPS), machine="pc")

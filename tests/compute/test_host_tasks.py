@@ -1,7 +1,14 @@
 """The compute side of the host agent: ``host_tasks.apply`` converging one guest to a
 ``VmApply``, on a simulated GPU host run by libvirt's test driver (read back through libvirt),
-and on the fake for failures. Repeats and stale generations change nothing."""
+and on the fake for failures. Repeats and stale generations change nothing. A guest's tap
+NICs get their host taps before it starts on a real host (a throwaway network namespace
+here), never on a simulated one."""
 
+import errno
+import os
+import shutil
+import subprocess
+import uuid
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -9,17 +16,37 @@ import yaml
 
 from compute import host_tasks
 from compute.drivers import cloudinit, nccl, simnode
-from compute.drivers.base import DriverError, PowerState
+from compute.drivers.base import DriverError, GuestNic, PowerState
 from compute.drivers.domain_xml import parse_hostdev_addresses, parse_kumo_metadata
 from compute.drivers.fake import FakeDriver
 from compute.drivers.libvirt import LibvirtDriver
-from compute.protocol import ABSENT, DeviceWire, VmApply
+from compute.protocol import ABSENT, DeviceWire, InterfaceWire, VmApply
 from controlplane.agent import runtime
 from controlplane.agent.config import AgentConfig
+from network.drivers.base import NetworkDriverError
+from network.drivers.netlink import Netlink
 
 VM = "0b4e2c1a-5d6f-4e3b-9a8c-7d6e5f4a3b2c"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB0bXW1ZsJpEZx8o8DE2oqQxJgG6a4rGBpOIxYIJ2dJi ai@lab"
 GPUS_CELL_1 = [d for d in simnode.host_devices("gpu") if d.numa_node == 1 and d.kind == "gpu"]
+VF_CELL_1 = next(d for d in simnode.host_devices("gpu") if d.numa_node == 1 and d.kind == "rdma_vf")
+TAP_NIC = InterfaceWire(
+    port_id="0a1b2c3d4e5f4a0b8c9d",
+    mac="52:54:00:0A:00:01",  # the wire may send upper case; libvirt and the guest see lower
+    mtu=1450,
+    device="tp-0a1b2c3d4e5f",
+    addresses=("192.168.10.11/24",),
+    gateway="192.168.10.1",
+    dns=("192.168.10.1",),
+)
+VF_NIC = InterfaceWire(
+    port_id="5f4e3d2c1b0a4a0b8c9d",
+    mac="52:54:00:0b:00:01",
+    mtu=9000,
+    kind="vf",
+    pci_address=str(VF_CELL_1.address),
+    addresses=("172.16.0.9/16",),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -37,18 +64,19 @@ def hv(tmp_path):
     driver.close()
 
 
-def message(generation=1, desired="running", gpus=2, **fields):
-    devices = tuple(
-        DeviceWire(
-            address=str(d.address),
-            kind=d.kind.value,
-            numa_node=d.numa_node,
-            class_code=d.class_code,
-            vendor_id=d.vendor_id,
-            product_id=d.product_id,
-        )
-        for d in GPUS_CELL_1[:gpus]
+def device_wire(d) -> DeviceWire:
+    return DeviceWire(
+        address=str(d.address),
+        kind=d.kind.value,
+        numa_node=d.numa_node,
+        class_code=d.class_code,
+        vendor_id=d.vendor_id,
+        product_id=d.product_id,
     )
+
+
+def message(generation=1, desired="running", gpus=2, **fields):
+    devices = tuple(device_wire(d) for d in GPUS_CELL_1[:gpus])
     values = {
         "vm_id": VM,
         "generation": generation,
@@ -139,3 +167,134 @@ def test_a_driver_failure_is_raised_and_leaves_a_retry_to_converge():
         host_tasks.apply(message(), fake)
     assert fake.get_guest(VM).power is PowerState.SHUTOFF  # defined, not started
     assert host_tasks.apply(message(), fake) == (1, "running")
+
+
+# -- NICs -----------------------------------------------------------------------------------
+
+
+def _no_netlink():
+    raise AssertionError("netlink opened on a simulated host")
+
+
+def nic_message(**fields) -> VmApply:
+    """A GPU guest with one tap NIC and one RDMA VF NIC (the VF passed through as a device)."""
+    devices = (*message().devices, device_wire(VF_CELL_1))
+    return message(devices=devices, interfaces=(TAP_NIC, VF_NIC), **fields)
+
+
+def test_nics_reach_the_domain_and_the_seed_and_a_repeat_changes_nothing(hv, monkeypatch):
+    monkeypatch.setattr(host_tasks, "Netlink", _no_netlink)
+    assert host_tasks.apply(nic_message(), hv) == (1, "running")
+    xml = hv.domain_xml(VM)  # read back through libvirt
+    root = ET.fromstring(xml)
+    [interface] = root.findall("devices/interface")  # the VF NIC is its hostdev only
+    assert interface.find("mac").get("address") == "52:54:00:0a:00:01"
+    assert interface.find("target").attrib == {"dev": "tp-0a1b2c3d4e5f", "managed": "no"}
+    assert interface.find("mtu").get("size") == "1450"
+    assert str(VF_CELL_1.address) in parse_hostdev_addresses(xml)
+    seed_path = root.find("devices/disk[@device='cdrom']/source").get("file")
+    ethernets = yaml.safe_load(cloudinit.read_seed(seed_path)["network-config"])["ethernets"]
+    assert ethernets["ens-0"]["match"] == {"macaddress": "52:54:00:0a:00:01"}
+    assert ethernets["ens-0"]["routes"] == [{"to": "0.0.0.0/0", "via": "192.168.10.1"}]
+    assert ethernets["ens-1"]["match"] == {"macaddress": "52:54:00:0b:00:01"}
+    assert ethernets["ens-1"]["addresses"] == ["172.16.0.9/16"]
+    seed = os.stat(seed_path)
+
+    assert host_tasks.apply(nic_message(), hv) == (1, "running")
+    assert hv.domain_xml(VM) == xml
+    assert (os.stat(seed_path).st_ino, os.stat(seed_path).st_mtime_ns) == (
+        seed.st_ino,
+        seed.st_mtime_ns,
+    )
+
+
+def test_a_nic_on_a_device_not_passed_through_is_refused_before_anything_is_defined(hv):
+    with pytest.raises(ValueError, match="not a passed-through VF"):
+        host_tasks.apply(message(interfaces=(VF_NIC,)), hv)
+    assert hv.list_guests() == []
+
+
+class _RealFake(FakeDriver):
+    """The fake as a real host: not simulated, and it records which taps exist in
+    ``netns`` whenever a guest is started."""
+
+    simulated = False
+
+    def __init__(self, netns: str) -> None:
+        super().__init__(inventory=simnode.host_inventory("gpu"))
+        self.netns = netns
+        self.taps_at_start: list[set[str]] = []
+
+    def ensure_running(self, vm_id):
+        nl = Netlink(self.netns)
+        try:
+            self.taps_at_start.append({n for n, link in nl.links().items() if link.kind == "tun"})
+        finally:
+            nl.close()
+        return super().ensure_running(vm_id)
+
+
+@pytest.fixture
+def netns():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 (a network namespace)")
+    name = f"kumo-ct-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    yield name
+    subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+def test_a_real_host_makes_missing_taps_before_the_guest_starts(netns, monkeypatch, tmp_path):
+    sockets: list[Netlink] = []
+
+    def netlink() -> Netlink:
+        sockets.append(Netlink(netns))
+        return sockets[-1]
+
+    monkeypatch.setattr(host_tasks, "Netlink", netlink)
+    root_disk = tmp_path / "instances" / VM / "root.qcow2"  # a real host made it earlier
+    root_disk.parent.mkdir(parents=True)
+    root_disk.touch()
+    second = InterfaceWire(port_id="9f8e", mac="52:54:00:0a:00:02", mtu=1450, device="tp-9f8e")
+    hv = _RealFake(netns)
+    msg = message(gpus=0, numa_cell=None, interfaces=(TAP_NIC, second))
+    Netlink(netns).add_tap("tp-9f8e")  # the network agent was first for this one
+
+    assert host_tasks.apply(msg, hv) == (1, "running")
+    assert hv.taps_at_start == [{"tp-0a1b2c3d4e5f", "tp-9f8e"}]
+    assert sockets[0].writes == 1  # only the missing tap was made
+    tap = Netlink(netns).links()["tp-0a1b2c3d4e5f"]
+    assert (tap.kind, tap.up, tap.master) == ("tun", False, 0)  # the network agent's to bridge
+
+    assert host_tasks.apply(msg, hv) == (1, "running")
+    assert sockets[1].writes == 0  # a repeat makes nothing
+    assert all(nl.netns == netns for nl in sockets)
+
+
+class _StaleDump:
+    """A netlink stand-in whose dump misses devices that exist, so every add is refused."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def links(self):
+        return {}
+
+    def add_tap(self, name):
+        raise NetworkDriverError(f"add tap {name}: refused", errno=self.code)
+
+
+def test_ensure_taps_takes_already_exists_as_success_and_other_refusals_as_driver_errors():
+    nics = (GuestNic(mac="52:54:00:0a:00:01", mtu=1450, device="tp-x"),)
+    assert host_tasks.ensure_taps(nics, _StaleDump(errno.EEXIST)) == []
+    with pytest.raises(DriverError, match="tp-x"):
+        host_tasks.ensure_taps(nics, _StaleDump(errno.EPERM))
+
+
+def test_a_simulated_host_never_opens_netlink(monkeypatch):
+    monkeypatch.setattr(host_tasks, "Netlink", _no_netlink)
+    fake = FakeDriver(inventory=simnode.host_inventory("gpu"))
+    assert host_tasks.apply(message(gpus=0, numa_cell=None, interfaces=(TAP_NIC,)), fake) == (
+        1,
+        "running",
+    )
