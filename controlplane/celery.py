@@ -13,6 +13,8 @@ from controlplane import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
+from django.conf import settings
+
 app = Celery("kumo")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_publish_retry_policy = {
@@ -29,6 +31,10 @@ app.conf.beat_schedule = {
     "expire-projects": {"task": "kumo.control.projects_expire", "schedule": 3600.0},
     "place-pending-vms": {"task": "kumo.control.vms_schedule_pending", "schedule": 15.0},
     "reap-stuck-vms": {"task": "kumo.control.vms_reap_stuck", "schedule": 60.0},
+    "sync-host-networks": {
+        "task": "kumo.control.network_sync",
+        "schedule": settings.NETWORK_SYNC_S,
+    },
 }
 app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])
 metrics.instrument_celery()

@@ -261,6 +261,20 @@ RECONCILE_GRACE_S = float(os.environ.get("KUMO_RECONCILE_GRACE_S", "5"))
 # KUMO_ORPHAN_GRACE_S: a guest no VM accounts for is destroyed after it was seen this long.
 ORPHAN_GRACE_S = int(os.environ.get("KUMO_ORPHAN_GRACE_S", "300"))
 
+# --- Network (read by network.allocation, network.services, network.desired) ---------------
+# KUMO_VNI_RANGE: the VXLAN network identifiers tenant networks get, "first-last" within
+# 1..16777215. Exhaustion answers 409.
+VNI_RANGE = tuple(int(v) for v in os.environ.get("KUMO_VNI_RANGE", "10000-99999").split("-", 1))
+# KUMO_UNDERLAY_MTU: the underlay's MTU; tenant networks get it less the VXLAN overhead
+# (1450 on 1500, 8950 on a 9000 jumbo underlay).
+UNDERLAY_MTU = int(os.environ.get("KUMO_UNDERLAY_MTU", "1500"))
+# KUMO_MAC_PREFIX: the first three octets of the MACs Kumo gives ports (locally
+# administered unicast: the second hex digit is 2, 6, a or e).
+MAC_PREFIX = os.environ.get("KUMO_MAC_PREFIX", "02:4b:55")
+# KUMO_NETWORK_SYNC_S: how often the controller re-sends desired state to hosts that have
+# not reported it applied (a lost message or a restarted agent).
+NETWORK_SYNC_S = float(os.environ.get("KUMO_NETWORK_SYNC_S", "30"))
+
 # KUMO_IDEMPOTENCY_TTL_H: how long a stored Idempotency-Key response is replayed.
 IDEMPOTENCY_TTL_H = int(os.environ.get("KUMO_IDEMPOTENCY_TTL_H", "24"))
 # KUMO_SELF_SERVICE_PROJECTS: "1" lets any user create a project (they become its owner);

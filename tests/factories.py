@@ -113,3 +113,33 @@ def make_vm(project, template=None, image=None, **fields):
         **fields,
     )
     return vm
+
+
+# --- network ---------------------------------------------------------------------------------
+
+
+def enroll_network(host, vtep, *, gateway=False, sent_at=None, **fields):
+    """A host's network agent reporting itself, as ``network.host_tasks`` does."""
+    from django.utils import timezone
+
+    from network import services as network
+
+    payload = {"vtep": vtep, "gateway": gateway, "applied_generation": 0, **fields}
+    network.host_network_reported(
+        host=host.name, payload=payload, sent_at=sent_at or timezone.now()
+    )
+    return host.network
+
+
+def make_network(project, name=None, cidr="192.168.10.0/24", **fields):
+    from network import services as network
+
+    return network.network_create(
+        project=project, name=name or f"net-{next(_seq)}", cidr=cidr, **fields
+    )
+
+
+def make_pool(name="campus", cidr="198.51.100.0/24", gateway_ip="198.51.100.1"):
+    from network import services as network
+
+    return network.global_ip_pool_create(name=name, cidr=cidr, gateway_ip=gateway_ip)

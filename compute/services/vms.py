@@ -15,7 +15,7 @@ from django.utils import timezone
 from compute import placement
 from compute.choices import DesiredPower, Priority, VmState, VmTask
 from compute.models import Image, PlacementGroup, Template, VirtualMachine
-from compute.protocol import VM_APPLY_TASK, DeviceWire, VmApply
+from compute.protocol import VM_APPLY_TASK, DeviceWire, InterfaceWire, VmApply
 from compute.scheduler import NoValidHost
 from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
@@ -54,6 +54,13 @@ def desired_power(vm: VirtualMachine) -> str | None:
     return None
 
 
+def interfaces(vm: VirtualMachine) -> tuple[InterfaceWire, ...]:
+    """The guest's NICs, in order, from its ports (``network``)."""
+    from network.selectors import vm_interfaces
+
+    return vm_interfaces(vm)
+
+
 def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
     """The host task that converges ``vm``'s guest to what the database wants now."""
     desired = desired_power(vm)
@@ -90,6 +97,7 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
         reboot=vm.task_state == VmTask.REBOOTING,
         graceful_timeout_s=settings.VM_STOP_GRACE_S,
         operation_id=operation_id,
+        interfaces=interfaces(vm),
     )
 
 
@@ -177,9 +185,14 @@ def vm_create(
     priority: str = Priority.ON_DEMAND,
     placement_group: PlacementGroup | None = None,
     wait_for_capacity: bool = True,
+    nics: list[dict] | tuple[dict, ...] = (),
     actor=None,
 ) -> tuple[VirtualMachine, Operation]:
     """Create a VM and try to place it, in one transaction.
+
+    ``nics``: one ``{"network": Network, "fixed_ip": "", "security_groups": None}`` per
+    NIC, in order; each becomes a port on that network (``network.services.port_create``),
+    bound to the VM's host once it is placed.
 
     The quota is claimed first (the project's quota row is locked, so concurrent creates in
     a project count each other). Then the scheduler claims a host: placed, the VM is
@@ -236,9 +249,10 @@ def vm_create(
         user_data=user_data,
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
+    _create_ports(vm, nics)
     operation = _open_operation(vm, "vm.create", actor)
     try:
-        placement.place(vm)
+        _place(vm)
     except NoValidHost as e:
         if not wait_for_capacity:
             raise Conflict(e.reason, code="no_capacity", details={"capacity": [e.reason]}) from e
@@ -262,6 +276,29 @@ def vm_create(
     return vm, operation
 
 
+def _create_ports(vm: VirtualMachine, nics) -> None:
+    from network import services as network
+
+    for index, nic in enumerate(nics):
+        if nic["network"].project_id != vm.project_id:
+            raise InvalidInput.field("nics", "no such network in this project")
+        network.port_create(
+            network=nic["network"],
+            vm=vm,
+            fixed_ip=nic.get("fixed_ip") or "",
+            security_groups=nic.get("security_groups"),
+            device_index=index,
+        )
+
+
+def _place(vm: VirtualMachine) -> None:
+    """Claim a host for ``vm`` and bind its ports there (raises NoValidHost)."""
+    from network import services as network
+
+    placement.place(vm)
+    network.ports_bind(vm)
+
+
 def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
     placed in its own transaction, so one failure holds up no other."""
@@ -278,7 +315,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             if vm is None:
                 continue
             try:
-                placement.place(vm)
+                _place(vm)
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
@@ -327,6 +364,11 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
     is deleting until its host reports the guest absent, and only then gives back its
     host's capacity and GPUs, so nothing is handed out while the guest may still hold it."""
     _guard(vm, "delete")
+    from network import services as network
+
+    # The ports go now, not when the guest is gone: its NAT and forwards stop at once and
+    # its tap leaves the bridge, so nothing reaches it while its host tears it down.
+    network.ports_release(vm)
     if vm.host_id is None:
         vm = _transition(
             vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()

@@ -26,6 +26,22 @@ class AgentConfig:
     # a host that is itself a VM (nested KVM may refuse e.g. arch-capabilities).
     guest_cpu_mode: str = "host-passthrough"
     guest_cpu_disable: tuple[str, ...] = ()
+    # The network side. KUMO_NETWORK_VTEP: this host's underlay address, the VXLAN tunnel
+    # end point; empty, the agent does no tenant networking and says so. KUMO_NETWORK_NETNS:
+    # the network namespace it converges (empty: the host's own; simulated hosts get one
+    # each). KUMO_NETWORK_UNDERLAY_DEVICE / _MTU: the underlay link and its MTU.
+    # KUMO_NETWORK_GATEWAY=1: this host runs the project routers and their NAT, with
+    # KUMO_NETWORK_EXTERNAL_BRIDGE (an existing bridge onto the external network) and
+    # KUMO_NETWORK_TRUNK_DEVICE (an existing link carrying L2VPN VLANs).
+    # KUMO_NETWORK_REPORT_INTERVAL_S: seconds between network reports (each one resyncs).
+    network_vtep: str = ""
+    network_netns: str = ""
+    network_underlay_device: str = ""
+    network_underlay_mtu: int = 1500
+    network_gateway: bool = False
+    network_external_bridge: str = ""
+    network_trunk_device: str = ""
+    network_report_s: float = 30.0
 
     @property
     def transport_options(self) -> dict:
@@ -47,6 +63,14 @@ class AgentConfig:
             "guest_cpu_disable": tuple(
                 f.strip() for f in env.get("KUMO_GUEST_CPU_DISABLE", "").split(",") if f.strip()
             ),
+            "network_vtep": env.get("KUMO_NETWORK_VTEP", ""),
+            "network_netns": env.get("KUMO_NETWORK_NETNS", ""),
+            "network_underlay_device": env.get("KUMO_NETWORK_UNDERLAY_DEVICE", ""),
+            "network_underlay_mtu": int(env.get("KUMO_NETWORK_UNDERLAY_MTU", "1500")),
+            "network_gateway": env.get("KUMO_NETWORK_GATEWAY", "") in ("1", "true", "yes"),
+            "network_external_bridge": env.get("KUMO_NETWORK_EXTERNAL_BRIDGE", ""),
+            "network_trunk_device": env.get("KUMO_NETWORK_TRUNK_DEVICE", ""),
+            "network_report_s": float(env.get("KUMO_NETWORK_REPORT_INTERVAL_S", "30")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         values.setdefault(

@@ -8,6 +8,7 @@ inventory and observed state the same way.
 HOST_TASK_MODULES = [
     "controlplane.agent.tasks",
     "compute.host_tasks",
+    "network.host_tasks",
 ]
 
 # Periodic reports: (function path, the AgentConfig field with its interval in seconds).
@@ -16,6 +17,7 @@ HOST_TASK_MODULES = [
 REPORTERS = [
     ("compute.host_tasks:inventory_report", "inventory_report_s"),
     ("compute.host_tasks:guests_report", "guests_report_s"),
+    ("network.host_tasks:network_report", "network_report_s"),
 ]
 
 
