@@ -218,7 +218,14 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"RoleEnum": "tenants.choices.Role"},
+    "ENUM_NAME_OVERRIDES": {
+        "RoleEnum": "tenants.choices.Role",
+        "DeviceKindEnum": "compute.choices.DeviceKind",
+        "NetworkKindEnum": "network.choices.NetworkKind",
+        "ConnectionKindEnum": "network.choices.ConnectionKind",
+        "ProtocolEnum": "network.choices.Protocol",
+        "ForwardProtocolEnum": "network.choices.ForwardProtocol",
+    },
 }
 
 # --- Celery (read by controlplane/celery.py) -----------------------------------------------

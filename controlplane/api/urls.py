@@ -26,6 +26,19 @@ from controlplane.api.views import (
     ProjectAuditEventViewSet,
     ProjectOperationViewSet,
 )
+from network.api.views import (
+    ExternalConnectionViewSet,
+    GlobalIpViewSet,
+    NetworkViewSet,
+    OperatorExternalConnectionViewSet,
+    OperatorGlobalIpPoolViewSet,
+    OperatorHostNetworkViewSet,
+    PortForwardViewSet,
+    PortViewSet,
+    SecurityGroupRuleViewSet,
+    SecurityGroupViewSet,
+    SubnetViewSet,
+)
 from tenants.api.views import (
     ApiTokenViewSet,
     LoginView,
@@ -60,6 +73,17 @@ project_router.register(f"{PROJECT}/images", ProjectImageViewSet, basename="proj
 project_router.register(
     f"{PROJECT}/placement-groups", PlacementGroupViewSet, basename="project-placementgroup"
 )
+for prefix, viewset, basename in [
+    ("networks", NetworkViewSet, "project-network"),
+    ("subnets", SubnetViewSet, "project-subnet"),
+    ("ports", PortViewSet, "project-port"),
+    ("security-groups", SecurityGroupViewSet, "project-securitygroup"),
+    ("security-group-rules", SecurityGroupRuleViewSet, "project-securitygrouprule"),
+    ("global-ips", GlobalIpViewSet, "project-globalip"),
+    ("port-forwards", PortForwardViewSet, "project-portforward"),
+    ("external-connections", ExternalConnectionViewSet, "project-externalconnection"),
+]:
+    project_router.register(f"{PROJECT}/{prefix}", viewset, basename=basename)
 
 admin_router = SimpleRouter()
 admin_router.register("admin/projects", OperatorProjectViewSet, basename="admin-project")
@@ -70,6 +94,17 @@ admin_router.register("admin/devices", OperatorDeviceViewSet, basename="admin-de
 admin_router.register("admin/templates", OperatorTemplateViewSet, basename="admin-template")
 admin_router.register("admin/images", OperatorImageViewSet, basename="admin-image")
 admin_router.register("admin/vms", OperatorVirtualMachineViewSet, basename="admin-vm")
+admin_router.register(
+    "admin/global-ip-pools", OperatorGlobalIpPoolViewSet, basename="admin-globalippool"
+)
+admin_router.register(
+    "admin/external-connections",
+    OperatorExternalConnectionViewSet,
+    basename="admin-externalconnection",
+)
+admin_router.register(
+    "admin/host-networks", OperatorHostNetworkViewSet, basename="admin-hostnetwork"
+)
 
 urlpatterns = [
     path("auth/login/", LoginView.as_view(), name="login"),
