@@ -237,6 +237,7 @@ def host_networks(host_id: int) -> HostNetworks:
     vlans = {}
     if on_gateway:
         vnis_here.update(leg_vnis)
+    if on_gateway and me.trunk_device:
         for vni, vlan in ExternalConnection.objects.filter(
             kind=ConnectionKind.L2VPN, state=ConnectionState.APPROVED
         ).values_list("network__vni", "vlan_id"):

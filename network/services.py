@@ -831,7 +831,9 @@ def connection_request(
 def connection_review(
     *, connection: ExternalConnection, approve: bool, note: str = "", actor=None
 ) -> ExternalConnection:
-    """An operator approves (realized on the gateway host) or rejects a request."""
+    """An operator approves (realized on the gateway host) or rejects a request. The row
+    is locked first, so two operators reviewing at once cannot both win."""
+    connection = ExternalConnection.objects.select_for_update().get(pk=connection.pk)
     if connection.state != ConnectionState.REQUESTED:
         raise Conflict(
             f"connection {connection.name} is {connection.state} already",
@@ -844,6 +846,17 @@ def connection_review(
     connection.reviewed_at = timezone.now()
     if approve and connection.kind == ConnectionKind.L3_ROUTE:
         router_ensure(connection.project)
+    if approve and connection.kind == ConnectionKind.L2VPN:
+        from network.desired import gateway_host
+
+        gateway = gateway_host()
+        if gateway is None or not gateway.trunk_device:
+            raise Conflict(
+                "no gateway host reports a trunk device to carry the VLAN; configure "
+                "KUMO_NETWORK_TRUNK_DEVICE on the gateway's agent first",
+                code="unavailable",
+                details={"vlan_id": ["no trunk on the gateway"]},
+            )
     try:
         with transaction.atomic():
             connection.save()

@@ -13,8 +13,11 @@ from controlplane.services import operation_create
 from tenants import services as tenants
 from tests.factories import (
     add_member,
+    enroll_network,
     make_host,
     make_image,
+    make_network,
+    make_pool,
     make_project,
     make_template,
     make_vm,
@@ -52,7 +55,28 @@ def seeded(staff):
         compute.placement_group_create(project=project, name=f"pg{n}", policy="compact")
         operation_create(kind="test", target=host)
         operation_create(kind="test", target=project, project=project)
+        _seed_network(project, host, n)
     return project
+
+
+def _seed_network(project, host, n):
+    from network import services as network
+    from tenants.models import Quota
+
+    Quota.objects.filter(project=project).update(networks=10, global_ips=10)
+    enroll_network(host, f"10.99.0.{n + 1}", gateway=n == 0, external_bridge="brx")
+    make_pool(name=f"pool{n}", cidr=f"198.51.{100 + n}.0/24", gateway_ip=f"198.51.{100 + n}.1")
+    net = make_network(project, f"net{n}", cidr=f"10.{n}.0.0/24", external_access=True)
+    port = network.port_create(network=net, host=host, binding="veth", binding_netns="x")
+    group = network.security_group_create(project=project, name=f"sg{n}")
+    network.rule_create(group=group, direction="ingress", protocol="tcp", port_min=22)
+    address = network.global_ip_allocate(project=project)
+    network.port_forward_create(
+        address=address, protocol="tcp", external_port=22, port=port, internal_port=22
+    )
+    network.connection_request(
+        project=project, name=f"c{n}", kind="l2vpn", network=net, vlan_id=n + 1
+    )
 
 
 @pytest.mark.parametrize("basename", sorted(list_endpoints()))

@@ -24,6 +24,7 @@ from controlplane.api.viewsets import (
     accepted,
 )
 from controlplane.errors import InvalidInput, NotFound, PermissionDenied
+from network.models import FixedIp, Network, Port
 from tenants.models import SSHKey
 
 # --- a project's VMs, images and placement groups ------------------------------------------------
@@ -31,7 +32,13 @@ from tenants.models import SSHKey
 
 def _vm_queryset(qs):
     return qs.select_related("project", "template", "placement_group", "host").prefetch_related(
-        Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm"))
+        Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm")),
+        Prefetch(
+            "ports",
+            queryset=Port.objects.select_related("network").prefetch_related(
+                Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address"))
+            ),
+        ),
     )
 
 
@@ -83,6 +90,14 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
                 raise InvalidInput.field(
                     "placement_group", f"no placement group {v['placement_group']!r} here"
                 )
+        nics = []
+        for index, nic in enumerate(v["nics"]):
+            network = Network.objects.for_project(project).filter(name=nic["network"]).first()
+            if network is None:
+                raise InvalidInput.field(
+                    "nics", f"nic {index}: no network named {nic['network']!r} in this project"
+                )
+            nics.append({**nic, "network": network})
         vm, operation = services.vm_create(
             project=project,
             name=v["name"],
@@ -93,6 +108,7 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
             priority=v["priority"],
             placement_group=group,
             wait_for_capacity=v["wait_for_capacity"],
+            nics=nics,
             actor=request.user,
         )
         vm = _vm_queryset(VirtualMachine.objects.filter(pk=vm.pk)).get()
