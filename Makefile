@@ -8,7 +8,7 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump
+APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump nftables
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test lint bench-api bench-placement bench-provision bench-netagent sysdeps install kvm-host lock clean

@@ -1,34 +1,259 @@
 """The one module that talks netlink for the host network driver.
 
+The driver's reads and writes speak rtnetlink directly, on a plain ``AF_NETLINK`` socket
+with ``struct``: a dump is decoded only as far as the driver reads it (a link's name, index,
+flags, MTU, master, address, lower device, kind, VXLAN or VLAN id and SR-IOV VFs; an FDB
+entry's device, MAC and remote VTEP), and a write is one pre-built message and its
+acknowledgement. The routers' rarer writes go through pyroute2, opened on first use.
+
 Reads come back as small dataclasses in one dump each (every link; every VXLAN FDB entry);
-every write goes through one method here, which counts it (``writes``: what a no-change
-resync must keep at zero) and turns the kernel's errno into ``NetworkDriverError``.
+every write is counted (``writes``: what a no-change resync must keep at zero) and the
+kernel's errno, with its own explanation when it gives one, becomes ``NetworkDriverError``.
 ``Netlink(netns=…)`` works inside a network namespace, as the tests' hosts are.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
 import socket
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyroute2 import IPRoute
+from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from network.drivers.base import VXLAN_PORT, NetworkDriverError
 
 AF_BRIDGE = getattr(socket, "AF_BRIDGE", 7)
+SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
+
+# nlmsghdr types and flags (linux/netlink.h, linux/rtnetlink.h)
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
+RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
+NLM_F_EXCL, NLM_F_CREATE, NLM_F_APPEND = 0x200, 0x400, 0x800
+NLM_F_ACK_TLVS, NLMSGERR_ATTR_MSG = 0x200, 1
+NLA_TYPE_MASK = 0x3FFF
+
+# ifinfomsg attributes (linux/if_link.h)
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_MASTER = 1, 3, 4, 5, 10
+IFLA_LINKINFO, IFLA_NUM_VF, IFLA_VFINFO_LIST, IFLA_NET_NS_FD, IFLA_EXT_MASK = 18, 21, 22, 28, 29
+IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
+IFLA_VXLAN_ID, IFLA_VXLAN_LINK, IFLA_VXLAN_LOCAL, IFLA_VXLAN_LEARNING = 1, 3, 4, 7
+IFLA_VXLAN_PORT = 15  # network byte order
+IFLA_VLAN_ID = 1
+VETH_INFO_PEER = 1
+IFLA_VF_INFO, IFLA_VF_MAC, IFLA_VF_VLAN, IFLA_VF_TRUST = 1, 1, 2, 9
+RTEXT_FILTER_VF, RTEXT_FILTER_SKIP_STATS = 1 << 0, 1 << 3
+IFF_UP = 0x1
+
+# ndmsg (linux/neighbour.h)
+NDA_DST, NDA_LLADDR = 1, 2
+NUD_NOARP, NUD_PERMANENT, NTF_SELF = 0x40, 0x80, 0x02
+
+# tun (linux/if_tun.h)
+TUNSETIFF, TUNSETPERSIST, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x400454CB, 0x0002, 0x1000
+
+_HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
+_IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
+_NDMSG = struct.Struct("=BxxxiHBB")  # ndmsg: family, ifindex, state, flags, type
+_ATTR = struct.Struct("=HH")  # nlattr: length, type
+_ERRNO, _U16, _U32, _BE16 = (
+    struct.Struct("=i"),
+    struct.Struct("=H"),
+    struct.Struct("=I"),
+    struct.Struct("!H"),
+)
+_VF_MAC, _VF_VLAN, _VF_TRUST = struct.Struct("=I32s"), struct.Struct("=III"), struct.Struct("=II")
+_BUFFER = 1 << 18  # one receive: a dump part is at most 32 KiB, one message far less
+_LINK_ATTRS = frozenset(
+    {IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_MASTER, IFLA_LINKINFO}
+    | {IFLA_NUM_VF, IFLA_VFINFO_LIST}
+)
+_FDB_ATTRS = frozenset({NDA_DST, NDA_LLADDR})
+
+
+@dataclass(frozen=True)
+class Vf:
+    """One SR-IOV virtual function as its physical function reports it."""
+
+    index: int
+    mac: str
+    vlan: int
+    trusted: bool
 
 
 @dataclass(frozen=True)
 class Link:
     index: int
     name: str
-    kind: str  # vxlan, bridge, veth, tun, ... ("" for a plain device)
+    kind: str  # vxlan, bridge, veth, tun, vlan, ... ("" for a plain device)
     master: int  # the bridge's index, 0 when not enslaved
     up: bool
     mtu: int
     mac: str
     vni: int | None = None
+    vlan: int | None = None  # a VLAN device's id
+    lower: int = 0  # IFLA_LINK: a VLAN device's trunk, a veth's peer (0: none)
+    num_vfs: int = 0  # an SR-IOV physical function's VFs
+    vfs: tuple[Vf, ...] = ()
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+def parse_link(data, start: int, end: int) -> Link:
+    """One RTM_NEWLINK message's payload (``data[start:end]``) as a ``Link``."""
+    _, _, index, flags, _ = _IFINFO.unpack_from(data, start)
+    attrs = _attrs(data, start + _IFINFO.size, end, _LINK_ATTRS)
+    info = _attrs(attrs.get(IFLA_LINKINFO, b""))
+    kind = _text(info.get(IFLA_INFO_KIND, b""))
+    details = _attrs(info.get(IFLA_INFO_DATA, b""))
+    address = attrs.get(IFLA_ADDRESS, b"")
+    return Link(
+        index=index,
+        name=_text(attrs[IFLA_IFNAME]),
+        kind=kind,
+        master=_u32_of(attrs, IFLA_MASTER),
+        up=bool(flags & IFF_UP),
+        mtu=_u32_of(attrs, IFLA_MTU),
+        mac=address.hex(":") if len(address) == 6 else "",
+        vni=_u32_of(details, IFLA_VXLAN_ID) if kind == "vxlan" else None,
+        vlan=_U16.unpack_from(details[IFLA_VLAN_ID])[0] if kind == "vlan" else None,
+        lower=_u32_of(attrs, IFLA_LINK),
+        num_vfs=_u32_of(attrs, IFLA_NUM_VF),
+        vfs=_parse_vfs(attrs.get(IFLA_VFINFO_LIST, b"")),
+    )
+
+
+def _parse_vfs(payload: bytes) -> tuple[Vf, ...]:
+    vfs = []
+    for _, entry in _attr_list(payload):
+        info = _attrs(entry)
+        index, mac = _VF_MAC.unpack_from(info[IFLA_VF_MAC])
+        vlan = _VF_VLAN.unpack_from(info[IFLA_VF_VLAN])[1]
+        trust = _VF_TRUST.unpack_from(info[IFLA_VF_TRUST])[1] if IFLA_VF_TRUST in info else 0
+        vfs.append(Vf(index=index, mac=mac[:6].hex(":"), vlan=vlan, trusted=trust == 1))
+    return tuple(vfs)
+
+
+def parse_fdb_entry(data, start: int, end: int) -> tuple[int, str, str] | None:
+    """One RTM_NEWNEIGH message's payload as (device index, MAC, remote address), or None
+    when the entry has no remote (a bridge's own entries)."""
+    index = _NDMSG.unpack_from(data, start)[1]
+    attrs = _attrs(data, start + _NDMSG.size, end, _FDB_ATTRS)
+    dst = attrs.get(NDA_DST)
+    if not dst:
+        return None
+    family = socket.AF_INET if len(dst) == 4 else socket.AF_INET6
+    return index, attrs[NDA_LLADDR].hex(":"), socket.inet_ntop(family, dst)
+
+
+def _attr_list(data, start: int = 0, end: int | None = None, wanted=None) -> list:
+    """Each attribute in ``data[start:end]`` (of the types ``wanted``, when given) as
+    (type, payload), in order. One plain loop: a link dump walks ~50 attributes a link."""
+    end = len(data) if end is None else end
+    found = []
+    while start + _ATTR.size <= end:
+        length, kind = _ATTR.unpack_from(data, start)
+        if length < _ATTR.size:
+            raise NetworkDriverError("malformed netlink attribute")
+        kind &= NLA_TYPE_MASK
+        if wanted is None or kind in wanted:
+            found.append((kind, bytes(data[start + _ATTR.size : start + length])))
+        start += (length + 3) & ~3
+    return found
+
+
+def _attrs(data, start: int = 0, end: int | None = None, wanted=None) -> dict[int, bytes]:
+    """The attributes in ``data[start:end]`` (of the types ``wanted``, when given) by type."""
+    return dict(_attr_list(data, start, end, wanted))
+
+
+def _u32_of(attrs: dict[int, bytes], kind: int) -> int:
+    value = attrs.get(kind)
+    return _U32.unpack(value)[0] if value else 0
+
+
+def _text(value: bytes) -> str:
+    return value.split(b"\0", 1)[0].decode()
+
+
+def _raise_for_errno(what: str, kind: int, flags: int, data, start: int, end: int) -> None:
+    """Raise the error an NLMSG_ERROR or NLMSG_DONE payload carries, if any, as
+    NetworkDriverError, with the kernel's own explanation when it gave one."""
+    code = -_ERRNO.unpack_from(data, start)[0]
+    if not code:
+        return
+    reason = os.strerror(code)
+    if flags & NLM_F_ACK_TLVS:  # after the request's header in an ack (NETLINK_CAP_ACK)
+        first = start + _ERRNO.size + (_HEADER.size if kind == NLMSG_ERROR else 0)
+        tlvs = _attrs(data, first, end, frozenset({NLMSGERR_ATTR_MSG}))
+        if NLMSGERR_ATTR_MSG in tlvs:
+            reason = f"{reason} ({_text(tlvs[NLMSGERR_ATTR_MSG])})"
+    raise NetworkDriverError(f"{what}: {reason}", errno=code)
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+def _align(length: int) -> int:
+    return (length + 3) & ~3
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    length = _ATTR.size + len(payload)
+    return _ATTR.pack(length, kind) + payload + bytes(_align(length) - length)
+
+
+def _u32(kind: int, value: int) -> bytes:
+    return _attr(kind, _U32.pack(value))
+
+
+def _string(kind: int, value: str) -> bytes:
+    return _attr(kind, value.encode() + b"\0")
+
+
+def _mac_bytes(mac: str) -> bytes:
+    return bytes.fromhex(mac.replace(":", ""))
+
+
+def _link_body(index: int = 0, *, up: bool = False, attrs: bytes = b"") -> bytes:
+    """An ifinfomsg for device ``index`` (0: a new one), setting IFF_UP when ``up``."""
+    flag = IFF_UP if up else 0
+    return _IFINFO.pack(socket.AF_UNSPEC, 0, index, flag, flag) + attrs
+
+
+def _link_info(kind: str, data: bytes = b"") -> bytes:
+    info = _string(IFLA_INFO_KIND, kind) + (_attr(IFLA_INFO_DATA, data) if data else b"")
+    return _attr(IFLA_LINKINFO, info)
+
+
+def _fdb_body(index: int, mac: str, dst: str) -> bytes:
+    """A static entry of a VXLAN device's own table (``bridge fdb … self``)."""
+    ndmsg = _NDMSG.pack(AF_BRIDGE, index, NUD_NOARP | NUD_PERMANENT, NTF_SELF, 0)
+    return ndmsg + _attr(NDA_LLADDR, _mac_bytes(mac)) + _attr(NDA_DST, socket.inet_aton(dst))
+
+
+@contextlib.contextmanager
+def _netns_fd(netns: str) -> Iterator[int]:
+    """An open file descriptor of named network namespace ``netns``."""
+    try:
+        fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY)
+    except FileNotFoundError as e:
+        raise NetworkDriverError(f"network namespace {netns} is missing", errno=e.errno) from e
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 class Netlink:
@@ -37,159 +262,406 @@ class Netlink:
     def __init__(self, netns: str = "") -> None:
         self.netns = netns
         self.writes = 0
-        self._ipr = IPRoute(netns=netns) if netns else IPRoute()
+        self._sock = self._open()
+        self._buffer = bytearray(_BUFFER)
+        self._seq = 0
         self._next_index = 0  # the index the next device is asked to take (see _add)
 
+    def _open(self) -> socket.socket:
+        with netns_entered(self.netns):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)  # acks without the request
+        sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)  # and with the kernel's reason
+        sock.bind((0, 0))
+        return sock
+
+    @cached_property
+    def _ipr(self) -> IPRoute:
+        """pyroute2 on the same namespace, for the routers' writes; opened on first use."""
+        return IPRoute(netns=self.netns) if self.netns else IPRoute()
+
     def close(self) -> None:
-        self._ipr.close()
+        self._sock.close()
+        if "_ipr" in self.__dict__:
+            self._ipr.close()
 
     # -- reads ------------------------------------------------------------------------------
 
     def links(self) -> dict[str, Link]:
+        """Every device of the namespace by name, in one dump (VFs included)."""
+        request = _link_body(attrs=_u32(IFLA_EXT_MASK, RTEXT_FILTER_VF | RTEXT_FILTER_SKIP_STATS))
         found = {}
-        for msg in self._ipr.get_links():
-            name = msg.get("IFLA_IFNAME")
-            kind = msg.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) or ""
-            vni = msg.get(("IFLA_LINKINFO", "IFLA_INFO_DATA", "IFLA_VXLAN_ID"))
-            found[name] = Link(
-                index=msg["index"],
-                name=name,
-                kind=kind,
-                master=msg.get("IFLA_MASTER") or 0,
-                up=bool(msg["flags"] & 1),  # IFF_UP
-                mtu=msg.get("IFLA_MTU") or 0,
-                mac=msg.get("IFLA_ADDRESS") or "",
-                vni=vni if kind == "vxlan" else None,
-            )
+        for data, start, end in self._exchange("dump links", RTM_GETLINK, NLM_F_DUMP, request):
+            link = parse_link(data, start, end)
+            found[link.name] = link
         self._next_index = max((link.index for link in found.values()), default=0) + 1
         return found
 
     def vxlan_fdb(self) -> dict[int, set[tuple[str, str]]]:
         """Static remote entries (MAC, VTEP) of every VXLAN device, by device index."""
+        request = _NDMSG.pack(AF_BRIDGE, 0, 0, 0, 0)
         entries: dict[int, set[tuple[str, str]]] = {}
-        for msg in self._ipr.fdb("dump"):
-            dst = msg.get("NDA_DST")
-            if dst:
-                entries.setdefault(msg["ifindex"], set()).add((msg.get("NDA_LLADDR"), dst))
+        for data, start, end in self._exchange("dump fdb", RTM_GETNEIGH, NLM_F_DUMP, request):
+            entry = parse_fdb_entry(data, start, end)
+            if entry is not None:
+                index, mac, dst = entry
+                entries.setdefault(index, set()).add((mac, dst))
         return entries
+
+    def sriov_pfs(self) -> dict[str, int]:
+        """Every SR-IOV physical function of the namespace: netdev name -> number of VFs."""
+        return {link.name: link.num_vfs for link in self.links().values() if link.num_vfs}
+
+    def index(self, name: str) -> int:
+        """The index of device ``name`` (one read); NetworkDriverError (ENODEV) when there
+        is none."""
+        request = _link_body(attrs=_string(IFLA_IFNAME, name))
+        found = [
+            parse_link(data, start, end).index
+            for data, start, end in self._exchange(f"find {name}", RTM_GETLINK, 0, request)
+        ]
+        return found[0]
 
     # -- writes -----------------------------------------------------------------------------
 
-    def _write(self, what: str, fn, *args, **kwargs):
+    def _send(self, what: str, kind: int, flags: int, body: bytes) -> None:
+        """Send one request, counted, and wait for its acknowledgement."""
         self.writes += 1
-        try:
-            return fn(*args, **kwargs)
-        except NetlinkError as e:
-            raise NetworkDriverError(f"{what}: {e}", errno=e.code) from e
+        for _ in self._exchange(what, kind, flags, body):
+            pass
 
-    def index(self, name: str) -> int:
-        """The index of a device just made (one read)."""
-        return self._ipr.link_lookup(ifname=name)[0]
-
-    def _add(self, what: str, **attrs) -> int:
-        """Make a device and return its index. The index is chosen here, past every index
-        the last dump saw, so no read is needed to learn it; should something else have
-        taken it meanwhile (EEXIST), the kernel picks one and it is looked up."""
+    def _add(self, what: str, name: str, attrs: bytes) -> int:
+        """Make device ``name``, up, and return its index. The index is chosen here, past
+        every index the last dump saw, so no read is needed to learn it; should something
+        else have taken it meanwhile (EEXIST), the kernel picks one and it is looked up."""
+        create = NLM_F_CREATE | NLM_F_EXCL
+        attrs = _string(IFLA_IFNAME, name) + attrs
         if self._next_index:
             index, self._next_index = self._next_index, self._next_index + 1
             try:
-                self._write(what, self._ipr.link, "add", index=index, **attrs)
+                self._send(what, RTM_NEWLINK, create, _link_body(index, up=True, attrs=attrs))
                 return index
             except NetworkDriverError as e:
-                if e.errno != 17 or self._ipr.link_lookup(ifname=attrs["ifname"]):
+                if e.errno != errno.EEXIST or self._exists(name):
                     raise  # not the index's fault: the name is taken, or another error
-        self._write(what, self._ipr.link, "add", **attrs)
-        return self.index(attrs["ifname"])
+        self._send(what, RTM_NEWLINK, create, _link_body(up=True, attrs=attrs))
+        return self.index(name)
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.index(name)
+        except NetworkDriverError as e:
+            if e.errno == errno.ENODEV:
+                return False
+            raise
+        return True
 
     def add_bridge(self, name: str, mtu: int) -> int:
         """A bridge, up; returns its index."""
-        return self._add(f"add bridge {name}", ifname=name, kind="bridge", mtu=mtu, state="up")
+        return self._add(f"add bridge {name}", name, _u32(IFLA_MTU, mtu) + _link_info("bridge"))
 
     def add_vxlan(
         self, name: str, *, vni: int, local: str, mtu: int, master: int, underlay: int = 0
     ) -> int:
         """A VXLAN device, learning off, already on bridge ``master`` and up, in one
         message; returns its index."""
-        attrs = {
-            "ifname": name,
-            "kind": "vxlan",
-            "vxlan_id": vni,
-            "vxlan_local": local,
-            "vxlan_port": VXLAN_PORT,
-            "vxlan_learning": 0,
-            "mtu": mtu,
-            "master": master,
-            "state": "up",
-        }
-        if underlay:
-            attrs["vxlan_link"] = underlay
-        return self._add(f"add vxlan {name}", **attrs)
+        data = (
+            _u32(IFLA_VXLAN_ID, vni)
+            + _attr(IFLA_VXLAN_LOCAL, socket.inet_aton(local))
+            + _attr(IFLA_VXLAN_PORT, _BE16.pack(VXLAN_PORT))
+            + _attr(IFLA_VXLAN_LEARNING, b"\0")
+            + (_u32(IFLA_VXLAN_LINK, underlay) if underlay else b"")
+        )
+        attrs = _u32(IFLA_MTU, mtu) + _u32(IFLA_MASTER, master) + _link_info("vxlan", data)
+        return self._add(f"add vxlan {name}", name, attrs)
+
+    def add_vlan(self, name: str, *, vlan: int, trunk: int, mtu: int, master: int) -> int:
+        """A VLAN device of id ``vlan`` on device ``trunk``, already on bridge ``master``
+        and up, in one message; returns its index."""
+        attrs = (
+            _u32(IFLA_LINK, trunk)
+            + _u32(IFLA_MTU, mtu)
+            + _u32(IFLA_MASTER, master)
+            + _link_info("vlan", _attr(IFLA_VLAN_ID, _U16.pack(vlan)))
+        )
+        return self._add(f"add vlan {name} id {vlan}", name, attrs)
 
     def add_tap(self, name: str) -> int:
-        """A persistent tap device (down, off any bridge); returns its index."""
-        self._write(
-            f"add tap {name}", self._ipr.link, "add", ifname=name, kind="tuntap", mode="tap"
-        )
+        """A persistent tap device (down, off any bridge); returns its index. A tap is made
+        through /dev/net/tun, not netlink, and counts as one write all the same."""
+        self.writes += 1
+        request = struct.pack("16sH22x", name.encode(), IFF_TAP | IFF_NO_PI)  # struct ifreq
+        try:
+            with netns_entered(self.netns):
+                fd = os.open("/dev/net/tun", os.O_RDWR)  # the tap is made in fd's namespace
+            try:
+                fcntl.ioctl(fd, TUNSETIFF, request)
+                fcntl.ioctl(fd, TUNSETPERSIST, 1)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise NetworkDriverError(f"add tap {name}: {e.strerror}", errno=e.errno) from e
         return self.index(name)
 
     def add_veth(self, name: str, *, peer: str, peer_netns: str, peer_mac: str, mtu: int) -> int:
-        """A veth pair whose peer, with ``peer_mac``, is moved into ``peer_netns`` and set up
-        there; returns the index of the host side (down, off any bridge)."""
-        # The peer is made under a temporary name, unique on this host because it is derived
-        # from the port's, and renamed once inside its namespace: its final name (eth0) may
-        # well exist in the host's namespace already.
-        temp = "nw" + name[2:]
+        """A veth pair: ``name`` here (down, off any bridge) and ``peer`` with ``peer_mac``
+        made straight in ``peer_netns`` in the same message, then set up there (a veth
+        cannot be opened before its pair exists); returns the index of ``name``."""
+        with _netns_fd(peer_netns) as fd:
+            peer_attrs = (
+                _string(IFLA_IFNAME, peer)
+                + _attr(IFLA_ADDRESS, _mac_bytes(peer_mac))
+                + _u32(IFLA_MTU, mtu)
+                + _u32(IFLA_NET_NS_FD, fd)
+            )
+            data = _attr(VETH_INFO_PEER, _link_body(attrs=peer_attrs))
+            attrs = _string(IFLA_IFNAME, name) + _u32(IFLA_MTU, mtu) + _link_info("veth", data)
+            create = NLM_F_CREATE | NLM_F_EXCL
+            self._send(f"add veth {name}", RTM_NEWLINK, create, _link_body(attrs=attrs))
+        inside = Netlink(peer_netns)
+        try:
+            up = _link_body(up=True, attrs=_string(IFLA_IFNAME, peer))  # found by its name
+            inside._send(f"set {peer} up in {peer_netns}", RTM_NEWLINK, 0, up)
+        finally:
+            self.writes += inside.writes
+            inside.close()
+        return self.index(name)
+
+    def set_link(
+        self, index: int, name: str, *, master: int | None = None, mtu: int | None = None,
+        up: bool = False,
+    ) -> None:  # fmt: skip
+        """In one message: onto bridge ``master``, MTU ``mtu``, up when ``up``; what is
+        None (or False) stays as it is."""
+        attrs = b"".join(
+            _u32(kind, value) for kind, value in ((IFLA_MASTER, master), (IFLA_MTU, mtu))
+            if value is not None
+        )  # fmt: skip
+        what = f"set {name} master={master} mtu={mtu} up={up}"
+        self._send(what, RTM_NEWLINK, 0, _link_body(index, up=up, attrs=attrs))
+
+    def set_vf(self, pf: Link, vf: int, *, mac: str, vlan: int) -> None:
+        """VF ``vf`` of physical function ``pf``: its MAC, its VLAN (0: untagged) and trust
+        on, in one message (``ip link set PF vf N mac M vlan V trust on``)."""
+        info = (
+            _attr(IFLA_VF_MAC, _VF_MAC.pack(vf, _mac_bytes(mac)))
+            + _attr(IFLA_VF_VLAN, _VF_VLAN.pack(vf, vlan, 0))
+            + _attr(IFLA_VF_TRUST, _VF_TRUST.pack(vf, 1))
+        )
+        body = _link_body(pf.index, attrs=_attr(IFLA_VFINFO_LIST, _attr(IFLA_VF_INFO, info)))
+        what = f"set {pf.name} vf {vf} mac {mac} vlan {vlan} trust on"
+        self._send(what, RTM_NEWLINK, 0, body)
+
+    def delete_link(self, index: int, name: str) -> None:
+        """Delete a device; one already gone (a veth's pair goes with its peer) is fine."""
+        try:
+            self._send(f"delete {name}", RTM_DELLINK, 0, _link_body(index))
+        except NetworkDriverError as e:
+            if e.errno != errno.ENODEV:
+                raise
+
+    def fdb_add(self, index: int, mac: str, dst: str) -> None:
+        append = NLM_F_CREATE | NLM_F_APPEND
+        self._send(f"fdb add {mac} dst {dst}", RTM_NEWNEIGH, append, _fdb_body(index, mac, dst))
+
+    def fdb_delete(self, index: int, mac: str, dst: str) -> None:
+        self._send(f"fdb del {mac} dst {dst}", RTM_DELNEIGH, 0, _fdb_body(index, mac, dst))
+
+    def _write(self, what: str, fn, *args, **kwargs):
+        """One pyroute2 call that writes, counted, its errno as NetworkDriverError."""
+        self.writes += 1
+        try:
+            return fn(*args, **kwargs)
+        except NetlinkError as e:
+            raise NetworkDriverError(f"{what}: {e}", errno=e.code) from e
+
+    # -- the wire ---------------------------------------------------------------------------
+
+    def _exchange(
+        self, what: str, kind: int, flags: int, body: bytes
+    ) -> Iterator[tuple[bytearray, int, int]]:
+        """Send one request and yield each message of its answer as (buffer, start of its
+        payload, end) until the acknowledgement or the end of the dump, which raises
+        NetworkDriverError when it carries an error. The buffer is reused by the next
+        receive: decode a message before asking for the next. An answer left unread (an
+        error while decoding it) costs the socket: a new one is opened, so no half-read
+        dump is in the way of the next request (the kernel runs one dump at a time)."""
+        self._seq += 1
+        seq, flags = self._seq, NLM_F_REQUEST | NLM_F_ACK | flags
+        message = _HEADER.pack(_HEADER.size + len(body), kind, flags, seq, 0) + body
+        read = False
+        try:
+            self._sock.send(message)
+            while not read:
+                size, offset = self._sock.recv_into(self._buffer), 0
+                while offset < size and not read:
+                    length, kind, flags, _, _ = _HEADER.unpack_from(self._buffer, offset)
+                    if length < _HEADER.size or offset + length > size:
+                        raise NetworkDriverError(f"{what}: truncated netlink answer")
+                    start, end = offset + _HEADER.size, offset + length
+                    offset += _align(length)
+                    read = kind in (NLMSG_ERROR, NLMSG_DONE)
+                    if read:
+                        _raise_for_errno(what, kind, flags, self._buffer, start, end)
+                    else:
+                        yield self._buffer, start, end
+        except OSError as e:
+            raise NetworkDriverError(f"{what}: {e.strerror}", errno=e.errno) from e
+        finally:
+            if not read:
+                self._sock.close()
+                self._sock = self._open()
+
+    # -- addresses, routes and namespaces (routers) -----------------------------------------
+
+    def addresses(self) -> dict[int, set[str]]:
+        """Every IPv4 address (``a.b.c.d/len``), by device index, in one dump."""
+        found: dict[int, set[str]] = {}
+        for msg in self._ipr.get_addr(family=socket.AF_INET):
+            address = f"{msg.get('IFA_ADDRESS')}/{msg['prefixlen']}"
+            found.setdefault(msg["index"], set()).add(address)
+        return found
+
+    def gateway_routes(self) -> set[tuple[str, str]]:
+        """The main table's IPv4 routes through a next hop: (destination CIDR, gateway)."""
+        found = set()
+        for msg in self._ipr.get_routes(family=socket.AF_INET, table=254):
+            gateway = msg.get("RTA_GATEWAY")
+            if gateway:
+                found.add((f"{msg.get('RTA_DST') or '0.0.0.0'}/{msg['dst_len']}", gateway))
+        return found
+
+    def add_address(self, index: int, name: str, address: str) -> None:
+        ip, length = address.split("/")
         self._write(
-            f"add veth {name}",
+            f"add {address} to {name}", self._ipr.addr, "add", index=index, address=ip,
+            prefixlen=int(length),
+        )  # fmt: skip
+
+    def delete_address(self, index: int, name: str, address: str) -> None:
+        ip, length = address.split("/")
+        self._write(
+            f"delete {address} from {name}", self._ipr.addr, "del", index=index, address=ip,
+            prefixlen=int(length),
+        )  # fmt: skip
+
+    def add_route(self, dst: str, gateway: str) -> None:
+        self._write(f"route {dst} via {gateway}", self._ipr.route, "add", dst=dst, gateway=gateway)
+
+    def delete_route(self, dst: str, gateway: str) -> None:
+        self._write(
+            f"delete route {dst} via {gateway}", self._ipr.route, "del", dst=dst, gateway=gateway
+        )
+
+    def add_leg(
+        self, name: str, *, peer: str, peer_netns: str, peer_mac: str, mtu: int, master: int
+    ) -> None:
+        """A veth pair in one message: ``name`` here, up on bridge ``master`` (0: none),
+        and ``peer`` with ``peer_mac`` (the kernel's choice when "") made straight in
+        ``peer_netns`` (still down there)."""
+        self._write(
+            f"add veth {name} to {peer_netns}",
             self._ipr.link,
             "add",
             ifname=name,
             kind="veth",
             mtu=mtu,
-            peer={"ifname": temp, "mtu": mtu, "address": peer_mac},
+            state="up",
+            **({"master": master} if master else {}),
+            peer={
+                "ifname": peer,
+                "net_ns_fd": f"{NETNS_DIR}/{peer_netns}",
+                "mtu": mtu,
+                **({"address": peer_mac} if peer_mac else {}),
+            },
         )
-        index = self._ipr.link_lookup(ifname=temp)[0]
-        self._write(
-            f"move {temp} to {peer_netns}",
-            self._ipr.link,
-            "set",
-            index=index,
-            net_ns_fd=peer_netns,
-        )
-        with IPRoute(netns=peer_netns) as inside:
-            moved = inside.link_lookup(ifname=temp)[0]
-            self._write(
-                f"name {peer} in {peer_netns}",
-                inside.link,
-                "set",
-                index=moved,
-                ifname=peer,
-                state="up",
-            )
-        return self.index(name)
 
-    def set_link(self, index: int, name: str, **attrs) -> None:
-        """``attrs``: master (index), mtu, state ("up")."""
-        self._write(f"set {name} {attrs}", self._ipr.link, "set", index=index, **attrs)
+    def set_alias(self, index: int, name: str, alias: str) -> None:
+        self._write(f"alias {name} {alias!r}", self._ipr.link, "set", index=index, ifalias=alias)
 
-    def delete_link(self, index: int, name: str) -> None:
+    def alias(self, name: str) -> str:
+        """The alias of device ``name`` ("" when it has none)."""
+        msg = self._ipr.get_links(ifname=name)[0]
+        return msg.get("IFLA_IFALIAS") or ""
+
+    def ensure_sysctl(self, key: str, value: str) -> None:
+        """Set ``/proc/sys/<key>`` of this namespace to ``value``; a write only when it
+        differs."""
+        path = f"/proc/sys/{key}"
+        with netns_entered(self.netns):
+            with open(path) as f:
+                if f.read().strip() == value:
+                    return
+            self.writes += 1
+            try:
+                with open(path, "w") as f:
+                    f.write(value)
+            except OSError as e:
+                raise NetworkDriverError(f"sysctl {key}={value}: {e}", errno=e.errno) from e
+
+    def add_netns(self, name: str) -> None:
+        """A named network namespace (``ip netns add``), with its loopback up."""
+        self.writes += 1
         try:
-            self._write(f"delete {name}", self._ipr.link, "del", index=index)
-        except NetworkDriverError as e:
-            if e.errno != 19:  # ENODEV: already gone (a veth's pair went with its peer)
-                raise
+            pyroute2_netns.create(name)
+        except OSError as e:
+            raise NetworkDriverError(f"add netns {name}: {e}", errno=e.errno) from e
+        with IPRoute(netns=name) as inside:
+            self._write(f"lo up in {name}", inside.link, "set", index=1, state="up")
 
-    def fdb_add(self, index: int, mac: str, dst: str) -> None:
-        self._write(
-            f"fdb add {mac} dst {dst}",
-            self._ipr.fdb,
-            "append",
-            ifindex=index,
-            lladdr=mac,
-            dst=dst,
-        )
+    def delete_netns(self, name: str) -> None:
+        """Remove a named namespace; every device in it goes with it (a veth's peer too)."""
+        self.writes += 1
+        try:
+            pyroute2_netns.remove(name)
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                raise NetworkDriverError(f"delete netns {name}: {e}", errno=e.errno) from e
 
-    def fdb_delete(self, index: int, mac: str, dst: str) -> None:
-        self._write(
-            f"fdb del {mac} dst {dst}", self._ipr.fdb, "del", ifindex=index, lladdr=mac, dst=dst
-        )
+
+NETNS_DIR = "/var/run/netns"
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def loopback_alias(netns: str) -> str | None:
+    """The alias of ``lo`` in namespace ``netns``; None when the namespace is gone. Unlike
+    pyroute2's default, this never creates the namespace it looks into."""
+    try:
+        with IPRoute(netns=netns, flags=0) as ipr:
+            return ipr.get_links(ifname="lo")[0].get("IFLA_IFALIAS") or ""
+    except (OSError, NetlinkError):
+        return None
+
+
+def netns_names() -> list[str]:
+    """The named network namespaces of the machine (``ip netns list``)."""
+    try:
+        return sorted(os.listdir(NETNS_DIR))
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def netns_entered(netns: str):
+    """Run the block with the calling thread in namespace ``netns`` (no change when empty):
+    sockets opened and ``/proc/sys/net`` files read there belong to it. The thread's own
+    namespace is restored on the way out, whatever happens."""
+    if not netns:
+        yield
+        return
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(f"{NETNS_DIR}/{netns}", os.O_RDONLY)
+        try:
+            if _libc.setns(target, _CLONE_NEWNET):
+                err = ctypes.get_errno()
+                raise NetworkDriverError(f"enter netns {netns}: {os.strerror(err)}", errno=err)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _libc.setns(home, _CLONE_NEWNET)
+    finally:
+        os.close(home)

@@ -3,6 +3,8 @@ underlay, two projects' overlays with the same CIDR, stand-in VMs as namespaces 
 agent's ports, and real pings. Needs root (network namespaces); skipped with the reason
 otherwise. Every namespace is removed at the end, whatever happens."""
 
+import errno
+import functools
 import os
 import shutil
 import signal
@@ -12,7 +14,15 @@ import uuid
 
 import pytest
 
-from network.drivers.base import HostNetworks, Network, Port, bridge_name, overlay_mtu, vxlan_name
+from network.drivers.base import (
+    HostNetworks,
+    Network,
+    NetworkDriverError,
+    Port,
+    bridge_name,
+    overlay_mtu,
+    vxlan_name,
+)
 from network.drivers.linux import LinuxNetworkDriver
 
 pytestmark = pytest.mark.skipif(
@@ -238,3 +248,118 @@ def test_a_tap_port_for_a_vm_joins_its_bridge_and_converges_once(fabric, converg
     assert "mtu 1450" in details
     assert fabric["h3"].resync(with_tap).writes == 0
     assert fabric["h3"].resync(state).removed == [tap.name]
+
+
+def test_the_host_reports_no_sr_iov_physical_function(fabric):
+    assert fabric["h1"].capabilities() == {"sriov_pfs": {}}
+
+
+@pytest.mark.parametrize(
+    ("pf", "reason"),
+    [("nope0", "physical function nope0 is missing"), ("ul0", "ul0 has 0 VFs, so no VF 2")],
+)
+def test_a_vf_port_without_its_vf_fails_before_any_write(fabric, converged, pf, reason):
+    driver, state = fabric["h1"], desired("h1")
+    vf = Port(port_id=f"vf{TAG}", vni=VNI_A, mac=mac(10), kind="vf", pf=pf, vf_index=2, vlan=7)
+    before = driver.nl.writes
+    with pytest.raises(NetworkDriverError, match=reason):
+        driver.resync(
+            HostNetworks(networks=state.networks, ports=(*state.ports, vf), underlay_device="ul0")
+        )
+    assert driver.nl.writes == before
+
+
+# -- L2VPN: a network's VLAN on the trunk to an outside network (a supercomputer) -----------
+
+L2VPN_VNI, L2VPN_VLAN = 3001, 300
+OUTSIDE = "192.168.30"  # the supercomputer's subnet, which the network shares
+
+
+@functools.cache
+def kernel_has_vlans() -> bool:
+    """Whether this kernel makes 802.1Q VLAN devices (CONFIG_VLAN_8021Q), tried in a
+    throwaway namespace."""
+    name = ns("vlanprobe")
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "add", "name", "t0", "type", "veth", "peer", "name", "t1")
+        made = sh("ip", "-n", name, "link", "add", "link", "t0", "name", "t0.5", "type", "vlan",
+                  "id", "5", check=False)  # fmt: skip
+        return made.returncode == 0
+    finally:
+        sh("ip", "netns", "del", name, check=False)
+
+
+def l2vpn_state(vlan: int = L2VPN_VLAN, *, with_vm: bool = True) -> HostNetworks:
+    net = Network(vni=L2VPN_VNI, mtu=overlay_mtu(1500), local_vtep="10.97.0.1", l2vpn_vlan=vlan)
+    vm = Port(port_id=f"l2{TAG}", vni=L2VPN_VNI, mac=mac(20), kind="veth", peer_netns=ns("vm"))
+    return HostNetworks(networks=(net,), ports=(vm,) if with_vm else (), trunk_device="trunk0")
+
+
+@pytest.fixture
+def l2vpn():
+    """The gateway host ``gw``, whose trunk ``trunk0`` is a veth to the supercomputer
+    ``sc``; there, VLAN L2VPN_VLAN of the trunk holds .1 of the shared subnet; ``vm`` is the
+    stand-in VM. Yields the gateway's driver."""
+    if not kernel_has_vlans():
+        pytest.skip("this kernel makes no 802.1Q VLAN devices (CONFIG_VLAN_8021Q is off)")
+    names = ["gw", "sc", "vm"]
+    try:
+        for name in names:
+            sh("ip", "netns", "add", ns(name))
+        sh("ip", "-n", ns("gw"), "link", "add", "name", "trunk0", "type", "veth", "peer", "name",
+           "eth1", "netns", ns("sc"))  # fmt: skip
+        sh("ip", "-n", ns("gw"), "link", "set", "trunk0", "up")
+        sh("ip", "-n", ns("sc"), "link", "set", "eth1", "up")
+        sh("ip", "-n", ns("sc"), "link", "add", "link", "eth1", "name", "eth1.vpn", "type", "vlan",
+           "id", str(L2VPN_VLAN))  # fmt: skip
+        sh("ip", "-n", ns("sc"), "addr", "add", f"{OUTSIDE}.1/24", "dev", "eth1.vpn")
+        sh("ip", "-n", ns("sc"), "link", "set", "eth1.vpn", "up")
+        driver = LinuxNetworkDriver(ns("gw"))
+        try:
+            yield driver
+        finally:
+            driver.close()
+    finally:
+        for name in names:
+            sh("ip", "netns", "del", ns(name), check=False)
+
+
+def test_an_l2vpn_vlan_carries_the_network_to_the_supercomputer(l2vpn):
+    assert f"vl-{L2VPN_VNI}" in l2vpn.resync(l2vpn_state()).created
+    details = sh("ip", "-d", "-n", ns("gw"), "link", "show", f"vl-{L2VPN_VNI}").stdout
+    assert f"vl-{L2VPN_VNI}@trunk0" in details and f"802.1Q id {L2VPN_VLAN}" in details
+    assert f"master {bridge_name(L2VPN_VNI)}" in details and "mtu 1450" in details
+    assert ",UP" in details
+    sh("ip", "-n", ns("vm"), "addr", "add", f"{OUTSIDE}.11/24", "dev", "eth0")
+    assert ping("vm", f"{OUTSIDE}.1")  # across the bridge, the VLAN and the trunk
+    assert l2vpn.resync(l2vpn_state()).writes == 0
+
+
+def test_an_l2vpn_vlan_of_another_id_is_replaced_and_an_unwanted_one_removed(l2vpn):
+    name = f"vl-{L2VPN_VNI}"
+    l2vpn.resync(l2vpn_state(L2VPN_VLAN + 1))
+    result = l2vpn.resync(l2vpn_state())
+    assert (result.removed, result.created) == ([name], [name])
+    assert f"802.1Q id {L2VPN_VLAN} " in sh("ip", "-d", "-n", ns("gw"), "link", "show", name).stdout
+    assert l2vpn.resync(l2vpn_state(0)).removed == [name]
+    assert l2vpn.resync(l2vpn_state(0)).writes == 0
+
+
+def test_on_a_kernel_without_vlans_an_l2vpn_fails_with_the_kernels_reason():
+    if kernel_has_vlans():
+        pytest.skip("this kernel makes 802.1Q VLAN devices")
+    name = ns("novlan")
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "add", "name", "trunk0", "type", "veth", "peer", "name", "t1")
+        driver = LinuxNetworkDriver(name)
+        try:
+            with pytest.raises(NetworkDriverError, match="add vlan vl-3001 id 300") as failed:
+                driver.resync(l2vpn_state(with_vm=False))
+            assert failed.value.errno == errno.EOPNOTSUPP, failed.value
+            assert "Unknown device type" in str(failed.value)  # the kernel's own words
+        finally:
+            driver.close()
+    finally:
+        sh("ip", "netns", "del", name, check=False)
