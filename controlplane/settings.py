@@ -270,8 +270,9 @@ ORPHAN_GRACE_S = int(os.environ.get("KUMO_ORPHAN_GRACE_S", "300"))
 
 # --- Network (read by network.allocation, network.services, network.desired) ---------------
 # KUMO_VNI_RANGE: the VXLAN network identifiers tenant networks get, "first-last" within
-# 1..16777215. Exhaustion answers 409.
-VNI_RANGE = tuple(int(v) for v in os.environ.get("KUMO_VNI_RANGE", "10000-99999").split("-", 1))
+# 1..16777215. Exhaustion answers 409. Hosts give each network its own conntrack zone,
+# which has 16 bits: a range wider than 65535 VNIs lets two networks share one.
+VNI_RANGE = tuple(int(v) for v in os.environ.get("KUMO_VNI_RANGE", "10000-65000").split("-", 1))
 # KUMO_UNDERLAY_MTU: the underlay's MTU; tenant networks get it less the VXLAN overhead
 # (1450 on 1500, 8950 on a 9000 jumbo underlay).
 UNDERLAY_MTU = int(os.environ.get("KUMO_UNDERLAY_MTU", "1500"))
