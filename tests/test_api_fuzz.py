@@ -81,16 +81,47 @@ NOT_IN_SCHEMA = {
     "POST /api/v1/projects/{project_slug}/members/": {"user"},  # an existing username or email
     "POST /api/v1/user/tokens/": {"project", "expires_at"},  # a project of yours; the future
     "POST /api/v1/user/ssh-keys/": {"public_key"},  # a well-formed OpenSSH public key
+    "POST /api/v1/admin/templates/": {"gpu_model"},  # required when gpus is not 0
     # existing objects; an image's minimum disk and memory against the template's; a template
-    # that allows spot
+    # that allows spot; networks of the project, addresses inside their subnets
     "POST /api/v1/projects/{project_slug}/vms/": {
         "template",
         "image",
         "ssh_keys",
         "placement_group",
         "priority",
+        "nics",
     },
-    "POST /api/v1/admin/templates/": {"gpu_model"},  # required when gpus is not 0
+    # Network: names of the project's objects, and addresses against CIDRs (an IPv4
+    # network without host bits, a gateway and pool inside it, no overlap).
+    "POST /api/v1/admin/global-ip-pools/": {"cidr", "gateway_ip", "pool_start", "pool_end"},
+    "POST /api/v1/projects/{project_slug}/networks/": {"cidr"},
+    "POST /api/v1/projects/{project_slug}/subnets/": {
+        "network",
+        "cidr",
+        "gateway_ip",
+        "pool_start",
+        "pool_end",
+        "dns_servers",
+    },
+    "POST /api/v1/projects/{project_slug}/ports/": {"network", "security_groups", "fixed_ip"},
+    "PATCH /api/v1/projects/{project_slug}/ports/{id}/": {"security_groups"},
+    "POST /api/v1/projects/{project_slug}/security-groups/": {"name"},
+    "POST /api/v1/projects/{project_slug}/security-group-rules/": {
+        "group",
+        "remote_group",
+        "remote_cidr",
+        "port_min",
+        "port_max",
+    },
+    "POST /api/v1/projects/{project_slug}/global-ips/{id}/associate/": {"port"},
+    "POST /api/v1/projects/{project_slug}/port-forwards/": {"global_ip", "port"},
+    "POST /api/v1/projects/{project_slug}/external-connections/": {
+        "network",
+        "vlan_id",
+        "destination_cidr",
+        "next_hop",
+    },
 }
 # And in any text field, two rules of DRF's: no NUL characters (PostgreSQL text cannot hold
 # them), and the value is trimmed first, so one made of whitespace only ("\x1e") is blank.

@@ -100,7 +100,7 @@ class SubnetCreateSerializer(serializers.Serializer):
 class PortSerializer(serializers.ModelSerializer):
     network = serializers.SlugRelatedField(slug_field="name", read_only=True)
     vm = serializers.UUIDField(source="vm_id", read_only=True, allow_null=True)
-    host = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     fixed_ips = serializers.SerializerMethodField()
     security_groups = serializers.SerializerMethodField()
     global_ip = serializers.SerializerMethodField()
@@ -160,7 +160,7 @@ class PortUpdateSerializer(serializers.Serializer):
 
 class RuleSerializer(serializers.ModelSerializer):
     group = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    remote_group = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    remote_group = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
 
     class Meta:
         model = SecurityGroupRule
@@ -251,7 +251,7 @@ class PortForwardCreateSerializer(serializers.Serializer):
 
 
 class ExternalConnectionSerializer(serializers.ModelSerializer):
-    network = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    network = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
