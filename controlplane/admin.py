@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from controlplane.models import AuditEvent, IdempotencyKey, Operation
+from controlplane.models import AuditEvent, Event, IdempotencyKey, Operation, Webhook
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -53,3 +53,19 @@ class OperationAdmin(ReadOnlyAdmin):
 class IdempotencyKeyAdmin(ReadOnlyAdmin):
     list_display = ["key", "user", "status_code", "created_at"]
     search_fields = ["key", "user__username"]
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "project", "kind", "message"]
+    list_filter = ["kind"]
+    search_fields = ["project__slug", "kind", "message", "object_id"]
+    list_select_related = ["project"]
+
+
+@admin.register(Webhook)
+class WebhookAdmin(ReadOnlyAdmin):
+    list_display = ["project", "url", "active", "last_delivery_at", "last_status"]
+    search_fields = ["project__slug", "url"]
+    list_select_related = ["project"]
+    exclude = ["secret"]

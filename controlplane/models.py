@@ -105,3 +105,55 @@ class IdempotencyKey(models.Model):
 
     def __str__(self):
         return f"{self.user_id}:{self.key}"
+
+
+class Event(models.Model):
+    """Something a project should hear about: a spot VM's eviction notice, a budget
+    threshold crossed, a reclamation step announced. Listed in the API, delivered to the
+    project's webhooks and, for the ones that say so, mailed to its admins
+    (``controlplane.events.emit``)."""
+
+    project = models.ForeignKey("tenants.Project", on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=64, db_index=True, help_text="e.g. vm.eviction_notice")
+    message = models.CharField(max_length=500)
+    object_type = models.CharField(max_length=64, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = ProjectOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["project", "-created_at"], name="event_project_at")]
+
+    def __str__(self):
+        return f"{self.kind}: {self.message}"
+
+
+class Webhook(models.Model):
+    """A project's endpoint for its events: every event whose kind is in ``kinds`` (all
+    when empty) is POSTed to ``url`` as JSON, signed with HMAC-SHA256 of ``secret``
+    (header ``X-Kumo-Signature: sha256=<hex>``), retried with backoff on failure."""
+
+    project = models.ForeignKey(
+        "tenants.Project", on_delete=models.CASCADE, related_name="webhooks"
+    )
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=64)
+    kinds = models.JSONField(default=list, blank=True)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_delivery_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.CharField(max_length=200, blank=True)
+
+    objects = ProjectOwnedQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return self.url
+
+    def wants(self, kind: str) -> bool:
+        return self.active and (not self.kinds or kind in self.kinds)

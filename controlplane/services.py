@@ -1,4 +1,5 @@
-"""Writes to operations: creating them, moving them on, finishing them, reaping stuck ones."""
+"""Writes to operations (creating them, moving them on, finishing them, reaping stuck ones)
+and to projects' webhooks."""
 
 import logging
 from datetime import timedelta
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from controlplane import audit
 from controlplane.choices import AuditOutcome, AuditSource, OperationState
-from controlplane.models import IdempotencyKey, Operation
+from controlplane.models import IdempotencyKey, Operation, Webhook
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +106,21 @@ def idempotency_keys_purge(*, now=None) -> int:
     cutoff = now - timedelta(hours=settings.IDEMPOTENCY_TTL_H)
     deleted, _ = IdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
     return deleted
+
+
+@transaction.atomic
+def webhook_create(*, project, url: str, kinds: list[str] | None = None) -> tuple[Webhook, str]:
+    """A webhook for ``project``'s events; returns it and its signing secret, which is
+    shown this once."""
+    import secrets
+
+    secret = secrets.token_hex(32)
+    hook = Webhook.objects.create(project=project, url=url, secret=secret, kinds=kinds or [])
+    audit.record("webhook.create", hook, project=project, detail={"url": url, "kinds": kinds})
+    return hook, secret
+
+
+@transaction.atomic
+def webhook_delete(*, webhook: Webhook) -> None:
+    audit.record("webhook.delete", webhook, project=webhook.project)
+    webhook.delete()

@@ -283,6 +283,21 @@ MAC_PREFIX = os.environ.get("KUMO_MAC_PREFIX", "02:4b:55")
 # not reported it applied (a lost message or a restarted agent).
 NETWORK_SYNC_S = float(os.environ.get("KUMO_NETWORK_SYNC_S", "30"))
 
+# KUMO_EMAIL_BACKEND: how event mail leaves (read by Django's send_mail via
+# controlplane.events): smtp (with EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER,
+# EMAIL_HOST_PASSWORD, EMAIL_USE_TLS) or console (default: printed in the controller's log).
+EMAIL_BACKEND = {
+    "smtp": "django.core.mail.backends.smtp.EmailBackend",
+    "console": "django.core.mail.backends.console.EmailBackend",
+}[os.environ.get("KUMO_EMAIL_BACKEND", "console")]
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS")
+# KUMO_FROM_EMAIL: the sender of Kumo's mail.
+DEFAULT_FROM_EMAIL = os.environ.get("KUMO_FROM_EMAIL", "kumo@localhost")
+
 # KUMO_IDEMPOTENCY_TTL_H: how long a stored Idempotency-Key response is replayed.
 IDEMPOTENCY_TTL_H = int(os.environ.get("KUMO_IDEMPOTENCY_TTL_H", "24"))
 # KUMO_SELF_SERVICE_PROJECTS: "1" lets any user create a project (they become its owner);

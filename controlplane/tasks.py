@@ -46,3 +46,39 @@ def _operation_result(*, host: str, payload: dict, sent_at) -> None:
 
 
 agents.register_report("operation.result", _operation_result)
+
+
+@shared_task(
+    name="kumo.control.webhook_deliver",
+    acks_late=True,
+    time_limit=60,
+    autoretry_for=(OSError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    max_retries=8,
+)
+def webhook_deliver(*, webhook_id: int, event_id: int) -> int:
+    """POST one event to one webhook; a network error or a 5xx is retried with backoff,
+    a 4xx is recorded and not retried (the receiver refused it)."""
+    import httpx
+    from django.utils import timezone
+
+    from controlplane.events import SIGNATURE_HEADER, body, signature
+    from controlplane.models import Event, Webhook
+
+    hook = Webhook.objects.filter(pk=webhook_id, active=True).first()
+    event = Event.objects.select_related("project").filter(pk=event_id).first()
+    if hook is None or event is None:
+        return 0
+    data = body(event)
+    headers = {"Content-Type": "application/json", SIGNATURE_HEADER: signature(hook.secret, data)}
+    try:
+        response = httpx.post(hook.url, content=data, headers=headers, timeout=10)
+        status = str(response.status_code)
+    except httpx.HTTPError as e:
+        status = f"error: {e}"[:200]
+        response = None
+    Webhook.objects.filter(pk=hook.pk).update(last_delivery_at=timezone.now(), last_status=status)
+    if response is None or response.status_code >= 500:
+        raise OSError(f"webhook {hook.url}: {status}")
+    return response.status_code

@@ -74,6 +74,11 @@ def _seed_network(project, host, n):
     network.port_forward_create(
         address=address, protocol="tcp", external_port=22, port=port, internal_port=22
     )
+    from controlplane import events
+    from controlplane import services as control
+
+    events.emit("test.event", project=project, message=f"event {n}")
+    control.webhook_create(project=project, url=f"https://example.org/{n}")
     network.connection_request(
         project=project, name=f"c{n}", kind="l2vpn", network=net, vlan_id=n + 1
     )

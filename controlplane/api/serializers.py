@@ -1,7 +1,8 @@
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from controlplane.models import AuditEvent, Operation
+from controlplane.api import fields
+from controlplane.models import AuditEvent, Event, Operation, Webhook
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -59,3 +60,35 @@ class OperationSerializer(serializers.ModelSerializer):
                 request=request,
             )
         return reverse("api:admin-operation-detail", kwargs={"pk": operation.pk}, request=request)
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = ["id", "kind", "message", "object_type", "object_id", "payload", "created_at"]
+        read_only_fields = fields
+
+
+class WebhookSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Webhook
+        fields = ["id", "url", "kinds", "active", "created_at", "last_delivery_at", "last_status"]
+        read_only_fields = ["id", "active", "created_at", "last_delivery_at", "last_status"]
+
+
+class WebhookCreateSerializer(serializers.Serializer):
+    url = serializers.URLField(max_length=500, help_text="http(s) URL the events are POSTed to")
+    kinds = serializers.ListField(
+        child=fields.CharField(max_length=64),
+        required=False,
+        default=list,
+        max_length=32,
+        help_text="event kinds to send (empty: all)",
+    )
+
+
+class WebhookCreatedSerializer(WebhookSerializer):
+    secret = serializers.CharField(read_only=True, help_text="shown once: sign-check with it")
+
+    class Meta(WebhookSerializer.Meta):
+        fields = [*WebhookSerializer.Meta.fields, "secret"]

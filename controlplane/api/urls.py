@@ -24,7 +24,9 @@ from controlplane.api.views import (
     OperatorAuditEventViewSet,
     OperatorOperationViewSet,
     ProjectAuditEventViewSet,
+    ProjectEventViewSet,
     ProjectOperationViewSet,
+    WebhookViewSet,
 )
 from network.api.views import (
     ExternalConnectionViewSet,
@@ -68,6 +70,8 @@ project_router.register(
 project_router.register(
     f"{PROJECT}/operations", ProjectOperationViewSet, basename="project-operation"
 )
+project_router.register(f"{PROJECT}/events", ProjectEventViewSet, basename="project-event")
+project_router.register(f"{PROJECT}/webhooks", WebhookViewSet, basename="project-webhook")
 project_router.register(f"{PROJECT}/vms", VirtualMachineViewSet, basename="project-vm")
 project_router.register(f"{PROJECT}/images", ProjectImageViewSet, basename="project-image")
 project_router.register(

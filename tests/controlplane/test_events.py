@@ -1,0 +1,113 @@
+"""Events reach the project: listed in the API, POSTed signed to its webhooks, mailed to
+its admins; nothing is sent for a change that rolled back."""
+
+import http.server
+import json
+import threading
+
+import pytest
+from django.core import mail
+from django.db import transaction
+from django.urls import reverse
+
+from controlplane import events, services
+from controlplane.models import Event, Webhook
+from controlplane.tasks import webhook_deliver
+from tenants.choices import Role
+from tests.factories import add_member
+from tests.isolation import ProjectEndpointContract
+
+pytestmark = pytest.mark.django_db
+
+
+class Receiver(http.server.BaseHTTPRequestHandler):
+    received: list = []
+    status = 204
+
+    def do_POST(self):
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        Receiver.received.append((dict(self.headers), data))
+        self.send_response(Receiver.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def receiver():
+    Receiver.received = []
+    Receiver.status = 204
+    server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook"
+    server.shutdown()
+
+
+def test_an_event_is_delivered_signed_to_the_webhooks_that_want_it(project, receiver):
+    hook, secret = services.webhook_create(project=project, url=receiver, kinds=["vm.notice"])
+    services.webhook_create(project=project, url=receiver + "/other", kinds=["budget.alert"])
+    event = events.emit("vm.notice", project=project, message="evicted in 30 s")
+    assert webhook_deliver(webhook_id=hook.pk, event_id=event.pk) == 204
+    ((headers, data),) = Receiver.received
+    assert json.loads(data)["kind"] == "vm.notice" and json.loads(data)["project"] == project.slug
+    assert headers[events.SIGNATURE_HEADER] == events.signature(secret, data)
+    assert Webhook.objects.get(pk=hook.pk).last_status == "204"
+
+
+def test_a_failing_receiver_is_retried_and_a_refusal_is_not(project, receiver):
+    hook, _ = services.webhook_create(project=project, url=receiver)
+    event = events.emit("vm.notice", project=project, message="m")
+    Receiver.status = 503
+    with pytest.raises(OSError):
+        webhook_deliver(webhook_id=hook.pk, event_id=event.pk)
+    Receiver.status = 410
+    assert webhook_deliver(webhook_id=hook.pk, event_id=event.pk) == 410
+
+
+def test_delivery_and_mail_wait_for_commit(project, django_capture_on_commit_callbacks):
+    admin = add_member(project, role=Role.ADMIN)
+    add_member(project, role=Role.READER)
+    with django_capture_on_commit_callbacks(execute=True):
+        events.emit("budget.alert", project=project, message="80 % of budget", mail=True)
+    (sent,) = mail.outbox
+    assert sorted(sent.to) == sorted([project.owner.email, admin.email])
+    assert "budget.alert" in sent.subject
+    with pytest.raises(RuntimeError), transaction.atomic():
+        events.emit("budget.alert", project=project, message="rolled back", mail=True)
+        raise RuntimeError
+    assert len(mail.outbox) == 1 and not Event.objects.filter(message="rolled back").exists()
+
+
+def test_the_secret_is_shown_once(client_for, project):
+    api = client_for(project.owner)
+    url = reverse("api:project-webhook-list", kwargs={"project_slug": project.slug})
+    created = api.post(url, {"url": "https://example.org/kumo"}, format="json")
+    assert created.status_code == 201 and len(created.json()["secret"]) == 64
+    assert "secret" not in api.get(url).json()["results"][0]
+    bad = api.post(url, {"url": "not a url"}, format="json")
+    assert bad.status_code == 400 and "url" in bad.json()["details"]
+
+
+class TestEventIsolation(ProjectEndpointContract):
+    basename = "project-event"
+    actions = ("list", "retrieve")
+
+    def make_object(self, project):
+        return events.emit("test.event", project=project, message="hello")
+
+
+class TestWebhookIsolation(ProjectEndpointContract):
+    basename = "project-webhook"
+    actions = ("list", "retrieve", "create", "delete")
+    write_role = Role.ADMIN
+
+    def make_object(self, project):
+        return services.webhook_create(project=project, url="https://example.org/h")[0]
+
+    def create_payload(self, project):
+        return {"url": "https://example.org/new"}
+
+    def count(self, project):
+        return Webhook.objects.for_project(project).count()
