@@ -5,7 +5,12 @@ Django-free on purpose: the agent imports it without a database or a secret key.
 
 from pathlib import Path
 
+from kombu.transport import TRANSPORT_ALIASES
+
 EMBEDDED_BROKER_URL = "filesystem://"
+# Every process that talks to the embedded broker imports this module first (the settings,
+# the agent's configuration): ``filesystem://`` means Kumo's atomic-write variant.
+TRANSPORT_ALIASES["filesystem"] = "controlplane.fs_transport:Transport"
 
 
 def transport_options(broker_url: str, var_dir: Path) -> dict:

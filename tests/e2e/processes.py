@@ -71,8 +71,11 @@ class Fleet:
         )
 
 
-def start_topology(fleet: Fleet, *, bind: str, hosts: list[str], only=None, uris=None) -> None:
-    for name, argv in topology(sys.executable, bind=bind, hosts=hosts, uris=uris).items():
+def start_topology(
+    fleet: Fleet, *, bind: str, hosts: list[str], only=None, uris=None, agent_args=None
+) -> None:
+    processes = topology(sys.executable, bind=bind, hosts=hosts, uris=uris, agent_args=agent_args)
+    for name, argv in processes.items():
         if only is None or name in only:
             fleet.start(name, argv)
 

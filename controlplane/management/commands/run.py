@@ -20,10 +20,16 @@ DEFAULT_HOSTS = "gpu-01,gpu-02,cpu-01"
 
 
 def topology(
-    python: str, *, bind: str, hosts: list[str], uris: dict[str, str] | None = None
+    python: str,
+    *,
+    bind: str,
+    hosts: list[str],
+    uris: dict[str, str] | None = None,
+    agent_args: dict[str, list[str]] | None = None,
 ) -> dict[str, list[str]]:
     """The processes of one Kumo machine: name -> argv. ``uris`` gives each simulated host
-    its libvirt test-driver node (``manage.py simfleet`` writes them)."""
+    its libvirt test-driver node (``manage.py simfleet`` writes them); ``agent_args`` more
+    options per host agent (its simulated network, ``network.simfabric``)."""
     celery = [python, "-m", "celery", "-A", "controlplane.celery"]
     processes = {
         "web": [
@@ -46,6 +52,7 @@ def topology(
         uri = (uris or {}).get(host) or os.environ.get("KUMO_SIM_LIBVIRT_URI", "test:///default")
         processes[f"agent-{host}"] = [
             python, "-m", "controlplane.agent", "--host", host, "--libvirt-uri", uri,
+            *(agent_args or {}).get(host, []),
         ]  # fmt: skip
     return processes
 
@@ -78,6 +85,7 @@ class Command(BaseCommand):
         from compute.management.commands.simfleet import write_and_register
 
         uris = write_and_register(settings.VAR_DIR / "fleet", host_list)
+        agent_args, networking = _simulated_network(host_list)
         base = f"http://{bind}"
         self.stdout.write(
             "\n".join(
@@ -90,6 +98,7 @@ class Command(BaseCommand):
                     f"  Database      {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
                     f"   broker {settings.CELERY_BROKER_URL.split('@')[-1]}",
                     f"  Hosts         {', '.join(host_list) or 'none'} (simulated)",
+                    f"  Networks      {networking}",
                     "",
                     *("  " + line for line in bootstrap.lines),
                     "",
@@ -101,10 +110,37 @@ class Command(BaseCommand):
         self.stdout.flush()
 
         manager = Manager(Printer(sys.stdout))
-        for name, argv in topology(sys.executable, bind=bind, hosts=host_list, uris=uris).items():
+        processes = topology(
+            sys.executable, bind=bind, hosts=host_list, uris=uris, agent_args=agent_args
+        )
+        for name, argv in processes.items():
             manager.add_process(name, " ".join(_quote(a) for a in argv), env=env)
         manager.loop()
         sys.exit(manager.returncode)
+
+
+def _simulated_network(hosts: list[str]) -> tuple[dict[str, list[str]], str]:
+    """Give the simulated hosts a data-centre network of namespaces (``network.simfabric``)
+    when this process may (root; ``KUMO_SIM_NETWORK=0`` turns it off), and the external
+    network a global IP pool. Returns each agent's network options and a line to print."""
+    from network import simfabric
+    from network.models import GlobalIpPool
+    from network.services import global_ip_pool_create
+
+    if os.environ.get("KUMO_SIM_NETWORK") == "0" or not simfabric.available():
+        return {}, "none: tenant networking on simulated hosts needs root (KUMO_SIM_NETWORK)"
+    sims = simfabric.ensure(hosts)
+    if not GlobalIpPool.objects.exists():
+        global_ip_pool_create(
+            name="sim-external",
+            cidr=simfabric.EXTERNAL_CIDR,
+            gateway_ip=simfabric.EXTERNAL_GATEWAY,
+        )
+    gateway = next((h.name for h in sims if h.gateway), "none")
+    return (
+        {h.name: h.agent_args() for h in sims},
+        f"namespaces kumo-sim-<host>, gateway {gateway}, outside world in kumo-sim-ext",
+    )
 
 
 def _quote(arg: str) -> str:
