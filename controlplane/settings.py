@@ -38,14 +38,20 @@ def _secret_key() -> str:
         return key
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        # O_EXCL so two processes starting at once agree on one key.
+        # Written whole under a name of this process's own, then linked into place: the link
+        # fails if another process won, so processes starting at once agree on one key, and
+        # none ever reads a key half written.
+        partial = path.with_name(f".secret_key.{os.getpid()}")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(partial, path)
         except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(50))
+        finally:
+            partial.unlink()
     return path.read_text().strip()
 
 
