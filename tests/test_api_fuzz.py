@@ -116,6 +116,7 @@ NOT_IN_SCHEMA = {
     },
     "POST /api/v1/projects/{project_slug}/global-ips/{id}/associate/": {"port"},
     "POST /api/v1/projects/{project_slug}/port-forwards/": {"global_ip", "port"},
+    "POST /api/v1/projects/{project_slug}/webhooks/": {"url"},  # a URI, but http(s) only
     "POST /api/v1/projects/{project_slug}/external-connections/": {
         "network",
         "vlan_id",
