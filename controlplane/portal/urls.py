@@ -1,12 +1,64 @@
-from django.contrib.auth import views as auth_views
-from django.urls import path
+"""The web portal: server-rendered pages over the same services and selectors as the API.
 
-from controlplane.portal import views
+A project's pages live under ``/p/<slug>/``; the caller's own keys and tokens under
+``/account/``; the operators' fleet view at ``/fleet/``."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path, re_path
+
+from controlplane.portal.views import audit, billing, fleet, network, people, projects, storage, vms
 
 app_name = "portal"
+
+UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+project_urls = [
+    path("", projects.dashboard, name="dashboard"),
+    path("vms/", vms.vm_list, name="vms"),
+    path("vms/rows/", vms.vm_rows, name="vm-rows"),
+    path("vms/new/", vms.vm_create, name="vm-create"),
+    path("vms/<uuid:pk>/", vms.vm_detail, name="vm-detail"),
+    path("vms/<uuid:pk>/state/", vms.vm_state, name="vm-state"),
+    re_path(
+        rf"^vms/(?P<pk>{UUID})/(?P<action>start|stop|reboot|delete)/$",
+        vms.vm_action,
+        name="vm-action",
+    ),
+    path("networks/", network.networks, name="networks"),
+    path("networks/<uuid:pk>/delete/", network.network_delete, name="network-delete"),
+    path("security-groups/", network.security_groups, name="security-groups"),
+    path("security-groups/<int:pk>/", network.security_group_detail, name="security-group"),
+    path(
+        "security-groups/<int:pk>/delete/",
+        network.security_group_delete,
+        name="security-group-delete",
+    ),
+    path("security-group-rules/<int:pk>/delete/", network.rule_delete, name="rule-delete"),
+    path("global-ips/", network.global_ips, name="global-ips"),
+    path("global-ips/<int:pk>/release/", network.global_ip_release, name="global-ip-release"),
+    path("port-forwards/<int:pk>/delete/", network.port_forward_delete, name="port-forward-delete"),
+    path("storage/", storage.storage, name="storage"),
+    path("volumes/<uuid:pk>/delete/", storage.volume_delete, name="volume-delete"),
+    path("buckets/<int:pk>/delete/", storage.bucket_delete, name="bucket-delete"),
+    path("members/", people.members, name="members"),
+    path("members/<str:username>/role/", people.member_role, name="member-role"),
+    path("members/<str:username>/remove/", people.member_remove, name="member-remove"),
+    path("billing/", billing.billing, name="billing"),
+    path("billing/invoices/<int:pk>.csv", billing.invoice_csv, name="invoice-csv"),
+    path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),
+    path("audit/", audit.audit_log, name="audit"),
+]
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="portal/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("", views.home, name="home"),
+    path("", projects.home, name="home"),
+    path("switch/", projects.switch, name="switch"),
+    path("p/<slug:slug>/", include(project_urls)),
+    path("account/ssh-keys/", people.ssh_keys, name="ssh-keys"),
+    path("account/ssh-keys/<int:pk>/delete/", people.ssh_key_delete, name="ssh-key-delete"),
+    path("account/tokens/", people.tokens, name="tokens"),
+    path("account/tokens/<int:pk>/revoke/", people.token_revoke, name="token-revoke"),
+    path("fleet/", fleet.fleet, name="fleet"),
+    path("fleet/hosts/<slug:name>/state/", fleet.host_state, name="host-state"),
 ]

@@ -1,0 +1,171 @@
+"""The portal's forms. They check the shape of the input (types, required fields) and offer
+only what the caller's project holds (every choice is a project-scoped queryset); the
+rules themselves are the services', whose errors land back on these forms
+(``access.form_error``)."""
+
+from django import forms
+
+from compute.choices import HostState, Priority
+from compute.models import Image, Template, hostname_validator
+from network.choices import Direction, ForwardProtocol, Protocol
+from network.models import GlobalIp, Network, Port
+from storage.choices import VolumeTier
+from storage.models import bucket_name_validator
+from tenants.choices import BudgetPolicy, Role
+from tenants.models import SSHKey
+
+NAME_HELP = "Lower-case letters, digits and hyphens."
+
+
+def name_field(**kwargs) -> forms.CharField:
+    """A VM's, network's or volume's name: checked as the API's serializers check it (the
+    model's validator), since the services take names as given."""
+    return forms.CharField(
+        max_length=63, validators=[hostname_validator], help_text=NAME_HELP, **kwargs
+    )
+
+
+class VmCreateForm(forms.Form):
+    name = name_field()
+    template = forms.ModelChoiceField(
+        queryset=Template.objects.filter(active=True), to_field_name="name"
+    )
+    image = forms.ModelChoiceField(queryset=Image.objects.none())
+    priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.ON_DEMAND)
+    network = forms.ModelChoiceField(
+        queryset=Network.objects.none(), required=False, empty_label="(no network)"
+    )
+    ssh_keys = forms.ModelMultipleChoiceField(
+        queryset=SSHKey.objects.none(),
+        required=False,
+        to_field_name="name",
+        widget=forms.CheckboxSelectMultiple,
+        label="SSH keys",
+    )
+    user_data = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4}), label="cloud-init user-data"
+    )
+
+    def __init__(self, *args, project, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["image"].queryset = Image.objects.usable_by(project)
+        self.fields["network"].queryset = Network.objects.for_project(project)
+        self.fields["ssh_keys"].queryset = SSHKey.objects.filter(user=user)
+
+
+class NetworkForm(forms.Form):
+    name = name_field()
+    cidr = forms.CharField(
+        max_length=18, required=False, label="Subnet CIDR", help_text="e.g. 10.0.0.0/24"
+    )
+    external_access = forms.BooleanField(required=False, label="Outbound access (SNAT)")
+    description = forms.CharField(max_length=200, required=False)
+
+
+class SecurityGroupForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    description = forms.CharField(max_length=200, required=False)
+
+
+class RuleForm(forms.Form):
+    direction = forms.ChoiceField(choices=Direction.choices, initial=Direction.INGRESS)
+    protocol = forms.ChoiceField(choices=Protocol.choices, initial=Protocol.TCP)
+    port_min = forms.IntegerField(min_value=1, max_value=65535, required=False, label="From port")
+    port_max = forms.IntegerField(min_value=1, max_value=65535, required=False, label="To port")
+    remote_cidr = forms.CharField(max_length=18, required=False, label="Remote CIDR")
+    description = forms.CharField(max_length=200, required=False)
+
+
+class GlobalIpForm(forms.Form):
+    description = forms.CharField(max_length=200, required=False)
+
+
+class PortForwardForm(forms.Form):
+    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label="Global IP")
+    protocol = forms.ChoiceField(choices=ForwardProtocol.choices)
+    external_port = forms.IntegerField(min_value=1, max_value=65535)
+    port = forms.ModelChoiceField(queryset=Port.objects.none(), label="To the port of")
+    internal_port = forms.IntegerField(min_value=1, max_value=65535)
+    description = forms.CharField(max_length=200, required=False)
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["global_ip"].queryset = GlobalIp.objects.for_project(project).filter(
+            router=False
+        )
+        self.fields["port"].queryset = (
+            Port.objects.for_project(project).select_related("vm").prefetch_related("fixed_ips")
+        )
+        self.fields["port"].label_from_instance = _port_label
+
+
+def _port_label(port: Port) -> str:
+    addresses = ", ".join(ip.address for ip in port.fixed_ips.all()) or "no address"
+    return f"{port.vm.name if port.vm else port.name or port.pk} ({addresses})"
+
+
+class VolumeForm(forms.Form):
+    name = name_field()
+    size_gib = forms.IntegerField(min_value=1, label="Size (GiB)")
+    tier = forms.ChoiceField(choices=VolumeTier.choices, initial=VolumeTier.SHARED)
+
+
+class BucketForm(forms.Form):
+    name = forms.CharField(max_length=63, validators=[bucket_name_validator])
+    quota_gib = forms.IntegerField(min_value=1, label="Quota (GiB)")
+
+
+class MemberForm(forms.Form):
+    user = forms.CharField(max_length=254, label="Username or email")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class SSHKeyForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="Default: the key's comment.")
+    public_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), label="Public key")
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    project = forms.ChoiceField(required=False, label="Only for project")
+    expires_at = forms.DateTimeField(
+        required=False,
+        label="Expires",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+    )
+
+    def __init__(self, *args, projects, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].choices = [("", "(every project of mine)")] + [
+            (p.slug, p.slug) for p in projects
+        ]
+
+
+class BudgetForm(forms.Form):
+    name = forms.CharField(max_length=63)
+    amount = forms.DecimalField(max_digits=19, decimal_places=6, min_value=0)
+    thresholds = forms.CharField(
+        initial="50, 80, 100", help_text="Percent of the amount, comma-separated."
+    )
+    policy = forms.ChoiceField(choices=BudgetPolicy.choices, initial=BudgetPolicy.NOTIFY)
+
+    def clean_thresholds(self):
+        try:
+            return [int(t) for t in self.cleaned_data["thresholds"].split(",") if t.strip()]
+        except ValueError:
+            raise forms.ValidationError("Whole percentages, e.g. 50, 80, 100.") from None
+
+
+class HostStateForm(forms.Form):
+    state = forms.ChoiceField(
+        choices=[
+            (HostState.DRAINING, "Drain"),
+            (HostState.MAINTENANCE, "Maintenance"),
+            (HostState.UP, "Return to service"),
+        ]
+    )
+    reason = forms.CharField(max_length=200, required=False)

@@ -1,0 +1,78 @@
+"""Billing: the month's spend and forecast with spend by day, invoices (CSV download, the
+same bytes as the API's), budgets (admins), all through ``tenants.billing``."""
+
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from controlplane.portal import charts, reports
+from controlplane.portal.access import project_page
+from controlplane.portal.forms import BudgetForm
+from controlplane.portal.views.common import act, page, submit
+from controlplane.portal.views.projects import month_spend
+from tenants import billing as services
+from tenants.choices import Role
+from tenants.models import Budget, Invoice
+
+
+@project_page(write_role=Role.ADMIN)
+def billing(request, project):
+    """Spend and forecast this month, spend by day, invoices, and budgets (admins add)."""
+    form = BudgetForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.budget_create(project=project, **v))
+        if ok:
+            messages.success(request, f"Budget {form.cleaned_data['name']} created.")
+            return redirect("portal:billing", slug=project.slug)
+    now = timezone.now()
+    spend = month_spend(project, now)
+    chart = None
+    if spend is not None:
+        chart = charts.bars(
+            [(f"{d:%d}", v) for d, v in reports.spend_by_day(project, now)],
+            unit=spend["currency"],
+            title="Spend per day this month",
+        )
+    return page(
+        request,
+        "portal/billing.html",
+        {
+            "spend": spend,
+            "chart": chart,
+            "invoices": Invoice.objects.for_project(project).order_by("-period_start"),
+            "budgets": Budget.objects.for_project(project).order_by("name"),
+            "form": form,
+        },
+        project=project,
+        status=status,
+    )
+
+
+@project_page()
+def invoice_csv(request, project, pk):
+    """The invoice as CSV, derived from its canonical JSON (``tenants.billing.invoice_csv``)."""
+    invoice = get_object_or_404(Invoice.objects.for_project(project), pk=pk)
+    response = HttpResponse(
+        services.invoice_csv(invoice.document).encode(), content_type="text/csv; charset=utf-8"
+    )
+    name = f"kumo-invoice-{project.slug}-{invoice.period_start:%Y-%m}.csv"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-SHA256"] = invoice.content_hash
+    return response
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def budget_delete(request, project, pk):
+    budget = get_object_or_404(Budget.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.budget_delete,
+        done=f"Budget {budget.name} deleted.",
+        back=reverse("portal:billing", kwargs={"slug": project.slug}),
+        budget=budget,
+    )

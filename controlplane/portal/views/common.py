@@ -1,0 +1,47 @@
+"""What every page shares: the layout's context and the answer to a write."""
+
+from django.contrib import messages
+from django.shortcuts import redirect, render
+
+from controlplane.errors import KumoError
+from controlplane.portal.access import form_error, may_write
+from tenants import selectors
+from tenants.choices import Role
+
+
+def page(request, template: str, context: dict | None = None, *, project=None, status=200):
+    """Render ``template`` in the layout: the project switcher lists the caller's projects,
+    and ``can_write``/``is_admin`` say which forms to offer (the server checks again)."""
+    context = {
+        "project": project,
+        "membership": getattr(request, "membership", None),
+        "can_write": may_write(request, Role.MEMBER),
+        "is_admin": may_write(request, Role.ADMIN),
+        "nav_projects": selectors.projects_for(request.user).order_by("slug"),
+        **(context or {}),
+    }
+    return render(request, template, context, status=status)
+
+
+def act(request, service, *, done: str, back: str, **kwargs):
+    """Run one service call for a button (no form): its success or its error (a
+    ``KumoError``'s message, never a 500) is a message on the page ``back`` leads to."""
+    try:
+        service(**kwargs)
+    except KumoError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, done)
+    return redirect(back)
+
+
+def submit(form, call) -> tuple[bool, int]:
+    """Validate ``form`` and run ``call(cleaned_data)``; returns whether it succeeded and
+    the HTTP status to answer with (400 for bad input, the service error's status)."""
+    if not form.is_valid():
+        return False, 400
+    try:
+        call(form.cleaned_data)
+    except KumoError as e:
+        return False, form_error(form, e)
+    return True, 200

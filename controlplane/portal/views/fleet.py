@@ -1,0 +1,46 @@
+"""The operators' fleet view (staff only): hosts by state, each host's GPUs as a grid
+(free, on demand, spot), and drain / maintenance / return to service through
+``compute.services.host_set_state``."""
+
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect
+from django.views.decorators.http import require_POST
+
+from compute import services
+from compute.models import Host
+from controlplane.errors import KumoError
+from controlplane.portal import reports
+from controlplane.portal.access import staff_page
+from controlplane.portal.forms import HostStateForm
+from controlplane.portal.views.common import page
+
+
+@staff_page
+def fleet(request):
+    groups = reports.fleet()
+    cells = [cell for rows in groups.values() for row in rows for cell in row.gpus]
+    totals = {"gpus": len(cells)}
+    for kind in ("free", "on_demand", "spot"):
+        totals[kind] = sum(1 for cell in cells if cell.occupancy == kind)
+    return page(
+        request,
+        "portal/fleet.html",
+        {"groups": groups, "totals": totals, "state_form": HostStateForm()},
+    )
+
+
+@require_POST
+@staff_page
+def host_state(request, name):
+    host = get_object_or_404(Host, name=name)
+    form = HostStateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, f"{host.name}: choose drain, maintenance or return to service.")
+        return redirect("portal:fleet")
+    try:
+        host = services.host_set_state(host=host, **form.cleaned_data)
+    except KumoError as e:
+        messages.error(request, f"{host.name}: {e.message}")
+    else:
+        messages.success(request, f"{host.name} is {host.state}.")
+    return redirect("portal:fleet")

@@ -1,0 +1,166 @@
+"""People: a project's members and roles (admins change them), and the caller's own SSH
+keys and API tokens (a new token's secret is shown once, on the answer that made it)."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from controlplane.errors import KumoError
+from controlplane.portal.access import form_error, project_page
+from controlplane.portal.forms import MemberForm, RoleForm, SSHKeyForm, TokenForm
+from controlplane.portal.views.common import act, page, submit
+from tenants import selectors, services
+from tenants.choices import Role
+from tenants.models import ApiToken, Membership, SSHKey
+
+# --- members ----------------------------------------------------------------------------------
+
+
+@project_page(write_role=Role.ADMIN)
+def members(request, project):
+    form = MemberForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(
+            form,
+            lambda v: services.membership_add(project=project, actor=request.user, **v),
+        )
+        if ok:
+            messages.success(request, f"{form.cleaned_data['user']} added.")
+            return redirect("portal:members", slug=project.slug)
+    return page(
+        request,
+        "portal/members.html",
+        {
+            "members": Membership.objects.for_project(project)
+            .select_related("user")
+            .order_by("user__username"),
+            "form": form,
+            "roles": Role.choices,
+        },
+        project=project,
+        status=status,
+    )
+
+
+def _membership(project, username) -> Membership:
+    return get_object_or_404(
+        Membership.objects.for_project(project).select_related("user", "project"),
+        user__username=username,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def member_role(request, project, username):
+    membership = _membership(project, username)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a role.")
+        return redirect("portal:members", slug=project.slug)
+    return act(
+        request,
+        services.membership_update,
+        done=f"{username} is now {form.cleaned_data['role']}.",
+        back=reverse("portal:members", kwargs={"slug": project.slug}),
+        membership=membership,
+        role=form.cleaned_data["role"],
+        actor=request.user,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def member_remove(request, project, username):
+    return act(
+        request,
+        services.membership_remove,
+        done=f"{username} removed.",
+        back=reverse("portal:members", kwargs={"slug": project.slug}),
+        membership=_membership(project, username),
+        actor=request.user,
+    )
+
+
+# --- the caller's SSH keys and API tokens -----------------------------------------------------
+
+
+@login_required
+def ssh_keys(request):
+    form = SSHKeyForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.sshkey_add(user=request.user, **v))
+        if ok:
+            messages.success(request, "SSH key added.")
+            return redirect("portal:ssh-keys")
+    return page(
+        request,
+        "portal/ssh_keys.html",
+        {"keys": SSHKey.objects.filter(user=request.user).order_by("name"), "form": form},
+        status=status,
+    )
+
+
+@require_POST
+@login_required
+def ssh_key_delete(request, pk):
+    key = get_object_or_404(SSHKey.objects.filter(user=request.user), pk=pk)
+    return act(
+        request,
+        services.sshkey_delete,
+        done=f"SSH key {key.name} deleted.",
+        back=reverse("portal:ssh-keys"),
+        key=key,
+    )
+
+
+@login_required
+def tokens(request):
+    """The caller's tokens; a created token's secret is in this one answer only."""
+    projects = selectors.projects_for(request.user).order_by("slug")
+    form = TokenForm(request.POST or None, projects=projects)
+    status, secret = 200, None
+    if request.method == "POST":
+        if form.is_valid():
+            v = form.cleaned_data
+            try:
+                _token, secret = services.token_create(
+                    user=request.user,
+                    name=v["name"],
+                    project=projects.filter(slug=v["project"]).first() if v["project"] else None,
+                    expires_at=v["expires_at"],
+                )
+            except KumoError as e:
+                status = form_error(form, e)
+            else:
+                form = TokenForm(projects=projects)
+        else:
+            status = 400
+    return page(
+        request,
+        "portal/tokens.html",
+        {
+            "tokens": ApiToken.objects.filter(user=request.user)
+            .select_related("project")
+            .order_by("-created_at"),
+            "form": form,
+            "secret": secret,
+        },
+        status=status,
+    )
+
+
+@require_POST
+@login_required
+def token_revoke(request, pk):
+    token = get_object_or_404(ApiToken.objects.filter(user=request.user), pk=pk)
+    return act(
+        request,
+        services.token_revoke,
+        done=f"Token {token.name} revoked.",
+        back=reverse("portal:tokens"),
+        token=token,
+    )

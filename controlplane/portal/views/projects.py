@@ -1,0 +1,75 @@
+"""The project list, the project switcher and a project's dashboard."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect
+from django.utils import timezone
+
+from compute.choices import VmState
+from compute.models import VirtualMachine
+from controlplane.errors import Conflict
+from controlplane.models import Event
+from controlplane.portal import charts, reports
+from controlplane.portal.access import project_page
+from controlplane.portal.views.common import page
+from tenants import billing, selectors
+from tenants.choices import UsageResource
+
+
+@login_required
+def home(request):
+    """The caller's projects, each leading to its dashboard."""
+    projects = selectors.projects_for(request.user).order_by("slug")
+    return page(request, "portal/home.html", {"projects": projects})
+
+
+@login_required
+def switch(request):
+    """The switcher's target: the chosen project's dashboard (a project the caller has no
+    role in answers 404 there)."""
+    slug = request.GET.get("project", "")
+    if not slug:
+        return redirect("portal:home")
+    return redirect("portal:dashboard", slug=slug)
+
+
+def month_spend(project, now):
+    """The month's spend so far and projected, or None without a rate card to price it."""
+    if billing.rate_card_at(now) is None:
+        return None
+    try:
+        return billing.forecast(project, now=now)
+    except Conflict:  # a resource the card does not price: no honest figure to show
+        return None
+
+
+@project_page()
+def dashboard(request, project):
+    """Quota use, VMs by state, GPU-hours and spend this month, with GPU-hours by day."""
+    now = timezone.now()
+    live = VirtualMachine.objects.for_project(project).exclude(state=VmState.DELETED)
+    states = {}
+    for state in live.values_list("state", flat=True):
+        states[state] = states.get(state, 0) + 1
+    gpu_days = reports.usage_by_day(project, UsageResource.GPU, now)
+    quota = selectors.quota_report(project)
+    for row in quota.values():
+        row["percent"] = min(100, round(100 * row["used"] / row["limit"])) if row["limit"] else 0
+    return page(
+        request,
+        "portal/dashboard.html",
+        {
+            "quota": quota,
+            "states": sorted(states.items()),
+            "running": states.get(VmState.RUNNING, 0),
+            "gpu_hours": sum(v for _, v in gpu_days),
+            "gpu_chart": charts.bars(
+                [(f"{d:%d}", v) for d, v in gpu_days],
+                unit="GPU-h",
+                title="GPU-hours per day this month",
+            ),
+            "spend": month_spend(project, now),
+            "events": Event.objects.for_project(project).order_by("-created_at")[:8],
+            "month": now,
+        },
+        project=project,
+    )

@@ -1,0 +1,195 @@
+"""VMs: the list (its rows poll for live state), launching from a template, a VM's detail
+(state, spot notice, GPUs and their NUMA cells, NCCL topology, events) and its actions."""
+
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from compute import services
+from compute.choices import Priority, VmState
+from compute.models import Template, VirtualMachine
+from compute.services import vms as vms_service
+from controlplane.errors import KumoError
+from controlplane.models import AuditEvent, Event
+from controlplane.portal import reports
+from controlplane.portal.access import form_error, project_page
+from controlplane.portal.forms import VmCreateForm
+from controlplane.portal.views.common import act, page
+from network.models import FixedIp, Port
+from tenants import billing, selectors
+
+ACTIONS = {
+    "start": services.vm_start,
+    "stop": services.vm_stop,
+    "reboot": services.vm_reboot,
+    "delete": services.vm_delete,
+}
+
+
+def allowed_actions(vm: VirtualMachine) -> set[str]:
+    """The buttons to offer: what ``compute.services.vms.ACTIONS`` allows in the VM's state
+    (only delete while another action is in flight). The service decides again on POST."""
+    allowed = vms_service.ACTIONS.get(vm.state, set())
+    return allowed & {"delete"} if vm.task_state else allowed
+
+
+def _vms(project):
+    return (
+        VirtualMachine.objects.for_project(project)
+        .exclude(state=VmState.DELETED)
+        .select_related("template", "host")
+        .order_by("name")
+    )
+
+
+def _addresses(vms) -> dict:
+    """Each VM's IPv4 addresses, in NIC order (one query)."""
+    found: dict = {}
+    rows = (
+        FixedIp.objects.filter(port__vm__in=list(vms))
+        .order_by("port__device_index", "address")
+        .values_list("port__vm_id", "address")
+    )
+    for vm_id, address in rows:
+        found.setdefault(vm_id, []).append(address)
+    return found
+
+
+def _rows_context(project):
+    vms = list(_vms(project))
+    addresses = _addresses(vms)
+    for vm in vms:
+        vm.addresses = addresses.get(vm.pk, [])
+    return {"vms": vms}
+
+
+@project_page()
+def vm_list(request, project):
+    return page(request, "portal/vms/list.html", _rows_context(project), project=project)
+
+
+@project_page()
+def vm_rows(request, project):
+    """The list's rows alone: what the list page polls every few seconds."""
+    return page(request, "portal/vms/_rows.html", _rows_context(project), project=project)
+
+
+def _offers(project, now):
+    """Each template on offer with its price per hour (on demand and spot, when a rate card
+    prices it) and whether the project's quota has room for one more."""
+    left = {name: row["available"] for name, row in selectors.quota_report(project).items()}
+    card = billing.rate_card_at(now)
+    offers = []
+    for template in Template.objects.filter(active=True):
+        offers.append(
+            {
+                "template": template,
+                "on_demand": reports.price_per_hour(template, Priority.ON_DEMAND, card),
+                "spot": reports.price_per_hour(template, Priority.SPOT, card)
+                if template.spot_allowed
+                else None,
+                "fits": left["vms"] >= 1
+                and left["vcpus"] >= template.vcpus
+                and left["memory_gib"] >= template.memory_gib
+                and left["gpus"] >= template.gpus,
+            }
+        )
+    return offers, left
+
+
+@project_page()
+def vm_create(request, project):
+    """Launch a VM from a template: the form lists each template's price per hour and the
+    quota left; ``compute.services.vm_create`` decides."""
+    form = VmCreateForm(request.POST or None, project=project, user=request.user)
+    status = 200
+    if request.method == "POST" and form.is_valid():
+        v = form.cleaned_data
+        try:
+            vm, _operation = services.vm_create(
+                project=project,
+                name=v["name"],
+                template=v["template"],
+                image=v["image"],
+                ssh_keys=[key.public_key for key in v["ssh_keys"]],
+                user_data=v["user_data"],
+                priority=v["priority"],
+                nics=[{"network": v["network"]}] if v["network"] else [],
+                actor=request.user,
+            )
+        except KumoError as e:
+            status = form_error(form, e)
+        else:
+            messages.success(request, f"VM {vm.name} is {vm.state}.")
+            return redirect("portal:vm-detail", slug=project.slug, pk=vm.pk)
+    elif request.method == "POST":
+        status = 400
+    offers, left = _offers(project, timezone.now())
+    return page(
+        request,
+        "portal/vms/new.html",
+        {"form": form, "offers": offers, "left": left},
+        project=project,
+        status=status,
+    )
+
+
+def _vm(project, pk) -> VirtualMachine:
+    return get_object_or_404(
+        VirtualMachine.objects.for_project(project).select_related("template", "image", "host"),
+        pk=pk,
+    )
+
+
+@project_page()
+def vm_detail(request, project, pk):
+    vm = _vm(project, pk)
+    devices = reports.vm_gpus(vm)
+    ports = Port.objects.filter(vm=vm).select_related("network").prefetch_related("fixed_ips")
+    key = {"object_id": str(vm.pk)}
+    return page(
+        request,
+        "portal/vms/detail.html",
+        {
+            "vm": vm,
+            "allowed": [a for a in ACTIONS if a in allowed_actions(vm)],
+            "devices": devices,
+            "topology": reports.nccl_topology(vm, devices),
+            "ports": ports.order_by("device_index"),
+            "events": Event.objects.for_project(project).filter(**key).order_by("-created_at")[:20],
+            "audit": AuditEvent.objects.for_project(project).filter(**key)[:20],
+        },
+        project=project,
+    )
+
+
+@project_page()
+def vm_state(request, project, pk):
+    """The detail page's state panel alone (polled): state, task, power, spot notice."""
+    return page(
+        request,
+        "portal/vms/_state.html",
+        {"vm": _vm(project, pk)},
+        project=project,
+    )
+
+
+@require_POST
+@project_page()
+def vm_action(request, project, pk, action):
+    """Start, stop, reboot or delete through the service; a state that forbids the action
+    is a message naming the state."""
+    vm = _vm(project, pk)
+    back = reverse("portal:vm-detail", kwargs={"slug": project.slug, "pk": vm.pk})
+    if action == "delete":
+        back = reverse("portal:vms", kwargs={"slug": project.slug})
+    return act(
+        request,
+        ACTIONS[action],
+        done=f"{action.capitalize()} of VM {vm.name} requested.",
+        back=back,
+        vm=vm,
+        actor=request.user,
+    )

@@ -1,0 +1,209 @@
+"""The portal in a real browser: headless Chromium (Debian's, driven by Playwright) against
+gunicorn, the controller, beat and a simulated 8x A100 host's agent on the filesystem
+broker. A member logs in, creates a network, launches a GPU VM and watches it reach running
+(htmx polling), opens port 22 in a security group and downloads last month's invoice as CSV;
+an operator looks at the fleet. Screenshots of each step go to test-artifacts/portal/."""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import global_settings
+from django.utils import timezone
+
+from compute.choices import HostState
+from compute.management.commands.simfleet import write_and_register
+from compute.models import Host, VirtualMachine
+from network.models import SecurityGroupRule
+from tenants import billing
+from tenants import services as tenants
+from tests.e2e.processes import ROOT, Fleet, database_url, free_port, start_topology, wait_for
+from tests.factories import UserFactory, make_image, make_project, make_template
+from tests.portal.conftest import PRICES
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts" / "portal"
+PASSWORD = "correct-horse-battery-staple"
+HOSTS = ["gpu-01"]
+
+
+@pytest.fixture
+def browser(site, tmp_path, monkeypatch):
+    """Debian's Chromium, headless, with a fresh profile; never a downloaded browser. It
+    closes before the site stops, so no open connection holds the web server up."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no {CHROMIUM}: `make install` installs Debian's chromium")
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
+    # (fixtures, checks) are still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    profile = tmp_path / "chromium-profile"
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            accept_downloads=True,
+            viewport={"width": 1280, "height": 900},
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def site(tmp_path, settings):
+    """The running topology on the filesystem broker, and the people and data of the tour."""
+    # Real password hashes: the web process verifies them with the default hashers.
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        CELERY_BROKER_URL="filesystem://",
+        KUMO_VAR_DIR=str(tmp_path),
+        KUMO_HEARTBEAT_INTERVAL_S="1",
+        KUMO_GUESTS_REPORT_INTERVAL_S="2",
+        KUMO_RECONCILE_GRACE_S="1",
+        DATABASE_TEST_NAME="",
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    fleet = Fleet(env, tmp_path)
+    uris = write_and_register(tmp_path / "fleet", HOSTS)
+    port = free_port()
+    start_topology(fleet, bind=f"127.0.0.1:{port}", hosts=HOSTS, uris=uris)
+
+    alice = UserFactory(username="alice")
+    alice.set_password(PASSWORD)
+    alice.save()
+    admin = UserFactory(username="operator", is_staff=True)
+    admin.set_password(PASSWORD)
+    admin.save()
+    project = make_project(owner=alice, slug="genome-lab", name="Genome analysis lab")
+    tenants.quota_set(project=project, vcpus=256, memory_gib=2048, gpus=8, vms=10)
+    billing.rate_card_create(valid_from=timezone.now().replace(year=2020), prices=PRICES)
+    last_month = billing.month_start(billing.month_start(timezone.now().date()) - timedelta(days=1))
+    [invoice] = billing.invoices_issue(period=last_month, projects=[project])
+    template = make_template(gpus=1, name="gpu-1")
+    image = make_image(name="ubuntu-24.04")
+
+    def hosts_ready():
+        return Host.objects.filter(
+            name__in=HOSTS, state=HostState.UP, guests_reported_at__isnull=False
+        ).count() == len(HOSTS)
+
+    try:
+        wait_for(hosts_ready, timeout=90, what="the agent up and reporting", fleet=fleet)
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "fleet": fleet,
+            "project": project,
+            "invoice": invoice,
+            "template": template,
+            "image": image,
+        }
+    finally:
+        fleet.stop()
+
+
+def shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def log_in(page, base: str, username: str) -> None:
+    page.goto(f"{base}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+
+
+def test_a_member_launches_a_vm_opens_a_port_and_downloads_an_invoice(site, browser):
+    from playwright.sync_api import expect
+
+    base, project, fleet = site["url"], site["project"], site["fleet"]
+    page = browser.new_page()
+    page.set_default_timeout(20_000)
+
+    log_in(page, base, "alice")
+    expect(page.locator("main table")).to_contain_text("Genome analysis lab")  # her projects
+    page.select_option("#switch-project", project.slug)  # the switcher opens the dashboard
+    expect(page).to_have_url(f"{base}/p/{project.slug}/")
+    expect(page.locator("h1")).to_contain_text("Genome analysis lab")
+
+    # A network with a subnet.
+    page.click("nav.tabs >> text=Networks")
+    page.fill("#id_name", "lab")
+    page.fill("#id_cidr", "10.0.0.0/24")
+    page.click("#network-create button[type=submit]")
+    expect(page.locator("#networks")).to_contain_text("10.0.0.0/24")
+
+    # Launch from a template: the form shows the price per hour and the quota left.
+    page.click("nav.tabs >> text=VMs")
+    page.click("text=Launch a VM")
+    expect(page.locator('[data-template="gpu-1"] .price')).to_have_text("745.50 JPY")
+    page.fill("#id_name", "train-1")
+    page.select_option("#id_template", "gpu-1")
+    page.select_option("#id_image", str(site["image"].pk))
+    page.select_option("#id_network", label="lab (VNI 10000)")
+    shot(page, "1-launch")
+    page.click("#vm-create button[type=submit]")
+
+    # The detail page polls its state until the host agent reports the guest running.
+    expect(page.locator("#vm-state")).to_have_attribute("data-state", "running", timeout=90_000)
+    expect(page.locator("#gpus")).to_contain_text("gpu")
+    expect(page.locator("#nccl")).to_contain_text("numaid")
+    shot(page, "2-vm-running")
+    vm = VirtualMachine.objects.for_project(project).get(name="train-1")
+    assert vm.host.name == "gpu-01"
+    page.click("nav.tabs >> text=VMs")
+    expect(page.locator('[data-vm="train-1"] [data-state]')).to_have_text("running")
+    shot(page, "3-vm-list")
+
+    # Open port 22 in the default security group.
+    page.click("nav.tabs >> text=Security groups")
+    page.click("text=default")
+    page.select_option("#id_protocol", "tcp")
+    page.fill("#id_port_min", "22")
+    page.fill("#id_remote_cidr", "0.0.0.0/0")
+    page.click("#rule-create button[type=submit]")
+    expect(page.locator("#rules")).to_contain_text("0.0.0.0/0")
+    assert SecurityGroupRule.objects.for_project(project).filter(port_min=22).exists()
+    shot(page, "4-security-group")
+
+    # Last month's invoice, as CSV.
+    page.click("nav.tabs >> text=Billing")
+    with page.expect_download() as download:
+        page.click("#invoices >> text=CSV")
+    saved = ARTIFACTS / download.value.suggested_filename
+    download.value.save_as(str(saved))
+    assert saved.read_text() == billing.invoice_csv(site["invoice"].document)
+    shot(page, "5-billing")
+
+    page.click("nav.tabs >> text=Dashboard")
+    expect(page.locator("#running-vms")).to_have_text("1")
+    shot(page, "6-dashboard")
+
+    # The operator's fleet view: the VM's GPU is one on-demand cell of gpu-01's grid.
+    browser.clear_cookies()
+    log_in(page, base, "operator")
+    page.goto(f"{base}/fleet/")
+    expect(page.locator('[data-host="gpu-01"] [data-occupancy="on_demand"]')).to_have_count(1)
+    expect(page.locator('[data-host="gpu-01"] [data-occupancy="free"]')).to_have_count(7)
+    shot(page, "7-fleet")
+    assert "Traceback" not in fleet.logs()

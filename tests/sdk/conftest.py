@@ -1,0 +1,120 @@
+"""A live Kumo for the SDK and CLI tests: gunicorn on a free loopback port, on the test
+database (committed data: the tests use ``transactional_db``), started once per session.
+``hosts`` adds the controller and a simulated host agent for a test that needs VMs to run.
+"""
+
+import os
+import secrets
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.db import connection
+from kumo_sdk import Client
+
+from compute.choices import HostState
+from compute.management.commands.simfleet import write_and_register
+from compute.models import Host
+from tenants import services as tenants
+from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
+from tests.factories import UserFactory, make_project, token_for
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+def can_log_in(user):
+    """Give ``user`` the password ``PASSWORD``, hashed as the server checks it (the test
+    process itself hashes with MD5, which gunicorn does not accept)."""
+    hasher = PBKDF2PasswordHasher()
+    user.password = hasher.encode(PASSWORD, hasher.salt())
+    user.save(update_fields=["password"])
+    return user
+
+
+@dataclass
+class Server:
+    url: str
+    bind: str
+    fleet: Fleet
+
+
+@pytest.fixture(scope="session")
+def server(django_db_setup, tmp_path_factory):
+    if connection.vendor == "sqlite" and "mode=memory" in database_url():
+        pytest.skip(
+            "the test database is in memory: run through tests/run.py (or set "
+            "DATABASE_TEST_NAME) so gunicorn can open it"
+        )
+    var = tmp_path_factory.mktemp("kumo-sdk")
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        CELERY_BROKER_URL="filesystem://",
+        KUMO_VAR_DIR=str(var),
+        KUMO_HEARTBEAT_INTERVAL_S="1",
+        KUMO_GUESTS_REPORT_INTERVAL_S="2",
+        KUMO_RECONCILE_GRACE_S="1",
+        DATABASE_TEST_NAME="",
+        # Given, not generated: settings' generated key can be read empty by a gunicorn
+        # worker while another one is still writing it (a 500 on every request).
+        SECRET_KEY=secrets.token_urlsafe(50),
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    fleet = Fleet(env, var)
+    bind = f"127.0.0.1:{free_port()}"
+    start_topology(fleet, bind=bind, hosts=[], only={"web"})
+    url = f"http://{bind}"
+
+    def answers():
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(answers, timeout=60, what="gunicorn answering", fleet=fleet)
+        yield Server(url=url, bind=bind, fleet=fleet)
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def hosts(server, transactional_db, tmp_path):
+    """The controller, beat (whose reconcile re-sends work a lost message dropped) and one
+    simulated CPU host's agent, up and reporting; stopped after."""
+    names = ["cpu-01"]
+    uris = write_and_register(tmp_path / "fleet", names)
+    only = {"controller", "beat", *(f"agent-{n}" for n in names)}
+    start_topology(server.fleet, bind=server.bind, hosts=names, uris=uris, only=only)
+
+    def up():
+        return Host.objects.filter(
+            name__in=names, state=HostState.UP, guests_reported_at__isnull=False
+        ).count() == len(names)
+
+    try:
+        wait_for(up, timeout=60, what="the agent up and reporting", fleet=server.fleet)
+        yield names
+    finally:
+        for name in only:
+            server.fleet.kill(name)
+
+
+@pytest.fixture
+def owner(transactional_db):
+    return UserFactory()
+
+
+@pytest.fixture
+def project(owner):
+    project = make_project(owner=owner)
+    tenants.quota_set(project=project, vcpus=64, memory_gib=256, vms=10, networks=10)
+    return project
+
+
+@pytest.fixture
+def kumo(server, owner, project):
+    """The SDK, as the project's owner, with no delay between retries."""
+    with Client(server.url, token_for(owner), project=project.slug, backoff=0) as client:
+        yield client

@@ -1,0 +1,195 @@
+"""The ``kumo`` CLI end to end, through typer's CliRunner against a live Kumo: login, project
+use, networks, a VM created with --wait on a simulated host until it runs, --json output,
+and the other command groups."""
+
+import json
+import stat
+
+import pytest
+from kumo_sdk.cli import app
+from typer.testing import CliRunner
+
+from network.services import global_ip_pool_create
+from tenants import services as tenants
+from tenants.choices import Role
+from tests.factories import add_member, make_image, make_project, make_template
+from tests.sdk.conftest import PASSWORD, can_log_in
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def kumo_cli(tmp_path):
+    """``kumo_cli(*args)``: run ``kumo`` with its config file in ``tmp_path``; returns the
+    result (``stdout`` and ``stderr`` apart)."""
+    runner = CliRunner()
+    env = {"KUMO_CONFIG": str(tmp_path / "kumo" / "config.json"), "KUMO_PROJECT": None}
+
+    def run(*args: str, ok: bool = True):
+        result = runner.invoke(app, list(args), env=env)
+        if ok:
+            assert result.exit_code == 0, (args, result.output, result.exception)
+        return result
+
+    run.config = tmp_path / "kumo" / "config.json"
+    return run
+
+
+@pytest.fixture
+def logged_in(server, owner, project, kumo_cli):
+    can_log_in(owner)
+    kumo_cli("login", server.url, "--username", owner.username, "--password", PASSWORD)
+    return kumo_cli
+
+
+def test_login_project_use_network_and_vm_create_wait(server, hosts, owner, project, kumo_cli):
+    other = make_project(owner=owner)  # two projects: login cannot guess which one
+    template, image = make_template(), make_image()
+    can_log_in(owner)
+
+    out = kumo_cli("login", server.url, "--username", owner.username, "--password", PASSWORD)
+    assert f"as {owner.username}" in out.stderr and "No project chosen" in out.stderr
+    config = json.loads(kumo_cli.config.read_text())
+    assert config["token"].startswith("kumo_") and config["project"] is None
+    assert stat.S_IMODE(kumo_cli.config.stat().st_mode) == 0o600
+
+    listed = kumo_cli("project", "list").stdout
+    assert project.slug in listed and other.slug in listed
+    kumo_cli("project", "use", project.slug)
+    assert json.loads(kumo_cli.config.read_text())["project"] == project.slug
+
+    made = kumo_cli("network", "create", "lab", "--cidr", "10.20.0.0/24", "--json")
+    made = json.loads(made.stdout)
+    assert made["name"] == "lab" and made["vni"]
+    assert "10.20.0.0/24" in kumo_cli("network", "list").stdout
+
+    created = kumo_cli(
+        "vm", "create", "train-1", "--template", template.name, "--image", image.name,
+        "--network", "lab", "--wait", "--timeout", "90", "--json",
+    )  # fmt: skip
+    vm = json.loads(created.stdout)
+    assert vm["state"] == "running" and vm["host"] == hosts[0]
+    [nic] = vm["nics"]
+    assert nic["network"] == "lab" and nic["fixed_ips"][0].startswith("10.20.0.")
+    assert "running" in created.stderr  # the progress display's last state
+
+    [listed_vm] = json.loads(kumo_cli("vm", "list", "--json").stdout)
+    assert listed_vm["id"] == vm["id"] and listed_vm["state"] == "running"
+    assert "train-1" in kumo_cli("vm", "list").stdout
+
+    stopped = kumo_cli("vm", "stop", "train-1", "--wait", "--timeout", "60")
+    assert "succeeded" in stopped.stderr
+    assert json.loads(kumo_cli("vm", "show", "train-1", "--json").stdout)["state"] == "stopped"
+
+    refused = kumo_cli("network", "delete", "lab", ok=False)  # the VM's NIC is on it
+    assert refused.exit_code == 1 and "error:" in refused.stderr
+    kumo_cli("vm", "delete", "train-1", "--wait", "--timeout", "60")
+    assert json.loads(kumo_cli("vm", "list", "--json").stdout) == []
+    kumo_cli("network", "delete", "lab")
+    assert json.loads(kumo_cli("network", "list", "--json").stdout) == []
+
+
+def test_errors_are_messages_with_their_fields_and_exit_1(server, logged_in, project):
+    logged_in("network", "create", "dup")
+    again = logged_in("network", "create", "dup", ok=False)
+    assert again.exit_code == 1
+    assert "a network named dup exists (409 conflict)" in again.stderr
+    assert "name: taken" in again.stderr and again.stdout == ""
+
+    bad = logged_in("network", "create", "small", "--cidr", "10.0.0.0/30", ok=False)
+    assert "cidr:" in bad.stderr and "400 invalid" in bad.stderr
+
+    missing = logged_in("vm", "show", "nothing-here", ok=False)
+    assert f"no VM 'nothing-here' in project {project.slug}" in missing.stderr
+
+
+def test_commands_need_a_login_and_a_readable_config(kumo_cli):
+    result = kumo_cli("vm", "list", ok=False)
+    assert result.exit_code == 1 and "not logged in" in result.stderr
+    kumo_cli.config.parent.mkdir(parents=True)
+    kumo_cli.config.write_text("{not json")
+    result = kumo_cli("vm", "list", ok=False)
+    assert result.exit_code == 1 and f"cannot read {kumo_cli.config}" in result.stderr
+
+
+def test_tokens(logged_in):
+    tokens = json.loads(logged_in("token", "list", "--json").stdout)
+    assert len(tokens) == 1 and "*" in logged_in("token", "list").stdout
+    secret = logged_in("token", "create", "ci").stdout.strip()
+    assert secret.startswith("kumo_")
+    [ci] = [t for t in json.loads(logged_in("token", "list", "--json").stdout) if t["name"] == "ci"]
+    logged_in("token", "revoke", str(ci["id"]))
+    [ci] = [t for t in json.loads(logged_in("token", "list", "--json").stdout) if t["name"] == "ci"]
+    assert ci["revoked_at"] is not None
+
+
+def test_security_groups_and_rules(logged_in):
+    logged_in("security-group", "create", "web", "--description", "HTTP in")
+    rule = json.loads(
+        logged_in(
+            "security-group", "rule-add", "web", "--protocol", "tcp", "--port", "8000-8080",
+            "--remote-cidr", "0.0.0.0/0", "--json",
+        ).stdout
+    )  # fmt: skip
+    assert (rule["port_min"], rule["port_max"], rule["protocol"]) == (8000, 8080, "tcp")
+    table = logged_in("security-group", "list").stdout
+    assert f"#{rule['id']} ingress tcp 8000-8080 from 0.0.0.0/0" in table
+    logged_in("security-group", "rule-delete", str(rule["id"]))
+    [web] = [
+        g
+        for g in json.loads(logged_in("security-group", "list", "--json").stdout)
+        if g["name"] == "web"
+    ]
+    assert web["rules"] == []
+
+
+def test_global_ips_and_port_forwards(logged_in, project):
+    global_ip_pool_create(name="campus", cidr="198.51.100.0/24", gateway_ip="198.51.100.1")
+    tenants.quota_set(project=project, global_ips=4)
+    logged_in("network", "create", "lab", "--cidr", "10.30.0.0/24")
+    logged_in("vm", "create", "web-1", "--template", make_template().name, "--image",
+              str(make_image().pk), "--network", "lab")  # fmt: skip
+    address = logged_in("global-ip", "allocate").stdout.strip()
+    assert address.startswith("198.51.100.")
+
+    forward = json.loads(
+        logged_in(
+            "port-forward",
+            "create",
+            address,
+            "--external-port",
+            "2222",
+            "--internal-port",
+            "22",
+            "--vm",
+            "web-1",
+            "--json",
+        ).stdout
+    )
+    assert (forward["global_ip"], forward["external_port"], forward["internal_port"]) == (
+        address,
+        2222,
+        22,
+    )
+    assert [f["id"] for f in json.loads(logged_in("port-forward", "list", "--json").stdout)] == [
+        forward["id"]
+    ]
+    logged_in("port-forward", "delete", str(forward["id"]))
+    assert json.loads(logged_in("port-forward", "list", "--json").stdout) == []
+
+    associated = json.loads(
+        logged_in("global-ip", "associate", address, "--vm", "web-1", "--json").stdout
+    )
+    assert associated["port"] == forward["port"]
+    logged_in("global-ip", "associate", address, "--none")
+    logged_in("global-ip", "release", address)
+    assert address not in logged_in("global-ip", "list").stdout
+
+
+def test_a_reader_sees_but_cannot_change(server, project, kumo_cli):
+    reader = can_log_in(add_member(project, role=Role.READER))
+    kumo_cli("login", server.url, "--username", reader.username, "--password", PASSWORD)
+    kumo_cli("project", "use", project.slug)
+    assert json.loads(kumo_cli("template", "list", "--json").stdout) is not None
+    refused = kumo_cli("network", "create", "nope", ok=False)
+    assert "403 permission_denied" in refused.stderr
