@@ -8,10 +8,12 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump nftables
+# chromium: the headless browser the portal tests drive through Playwright (never a
+# browser Playwright downloads itself).
+APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump nftables chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench-api bench-placement bench-provision bench-netagent sysdeps install kvm-host lock clean
+.PHONY: run test lint bench-api bench-placement bench-provision bench-netagent bench-preempt sysdeps install kvm-host lock clean
 
 run: install
 	$(PY) manage.py run
@@ -36,6 +38,12 @@ bench-provision: install
 bench-netagent: install
 	$(PY) bench/netagent.py
 
+bench-preempt: install
+	$(PY) bench/preempt.py
+
+bench-billing: install
+	$(PY) bench/billing.py
+
 # System packages: only what is missing is installed, so a prepared machine pays nothing.
 sysdeps:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -48,11 +56,12 @@ sysdeps:
 
 install: sysdeps $(VENV)/.installed
 
-$(VENV)/.installed: requirements.lock pyproject.toml
+$(VENV)/.installed: requirements.lock pyproject.toml sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-deps -e sdk
 	touch $@
 
 # A real KVM host for tests/compute/test_kvm_boot.py (run with KUMO_TEST_KVM=1; see README):

@@ -1,7 +1,10 @@
 """What every benchmark shares: progress on stderr, a throwaway PostgreSQL database, and
 percentiles. Figures go to stdout as one JSON line, last."""
 
+import os
 import sys
+import tempfile
+from contextlib import contextmanager
 
 PG_URL = "postgres://postgres@127.0.0.1:5432"  # trust auth, as on the development machine
 
@@ -29,3 +32,33 @@ def percentile_ms(seconds: list[float], pct: int) -> float:
 
 def p99_ms(seconds: list[float]) -> float:
     return percentile_ms(seconds, 99)
+
+
+@contextmanager
+def django_on_throwaway_database(name: str, **env: str):
+    """Django set up on a fresh PostgreSQL database ``name``, migrated, with a throwaway
+    ``KUMO_VAR_DIR`` and ``env`` as more settings; the database is dropped afterwards,
+    whatever happens."""
+    with tempfile.TemporaryDirectory(prefix="kumo-bench-") as var_dir:
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+            DATABASE_URL=f"{PG_URL}/{name}",
+            KUMO_VAR_DIR=var_dir,
+            KUMO_LOG_LEVEL="WARNING",
+            DEBUG="0",
+            **env,
+        )
+        recreate_database(name)
+        try:
+            import django
+            from django.core.management import call_command
+
+            django.setup()
+            log("migrating")
+            call_command("migrate", interactive=False, verbosity=0)
+            yield
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            recreate_database(name, drop_only=True)

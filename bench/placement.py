@@ -36,14 +36,13 @@ import multiprocessing
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
 
-from bench.common import PG_URL, log, p99_ms, recreate_database  # noqa: E402
+from bench.common import PG_URL, django_on_throwaway_database, log, p99_ms  # noqa: E402
 
 DB_NAME = "kumo_bench_placement"
 HOSTS = 5_000
@@ -468,42 +467,22 @@ def count_violations() -> dict[str, int]:
 
 def main() -> None:
     began = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="kumo-bench-") as var_dir:
-        os.environ.update(
-            DJANGO_SETTINGS_MODULE="controlplane.settings",
-            DATABASE_URL=f"{PG_URL}/{DB_NAME}",
-            KUMO_VAR_DIR=var_dir,
-            KUMO_LOG_LEVEL="WARNING",  # the workers count compute.placement's lines instead
-            DEBUG="0",
-        )
-        recreate_database(DB_NAME)
-        try:
-            import django
-            from django.core.management import call_command
+    with django_on_throwaway_database(DB_NAME):
+        from django.conf import settings
 
-            django.setup()
-            from django.conf import settings
-
-            log("migrating")
-            call_command("migrate", interactive=False, verbosity=0)
-            log(f"seeding {HOSTS} hosts, {HOSTS * CELLS * GPUS_PER_CELL} GPUs and VMs")
-            t0 = time.perf_counter()
-            kumo_ids, plain_ids = seed()
-            log(f"seeded in {time.perf_counter() - t0:.1f} s")
-            result = {"hosts": HOSTS}
-            result |= measure_decisions()
-            log(f"decisions: {result['decisions_per_s']}/s")
-            result |= measure_kumo_claims(kumo_ids)
-            log(f"kumo claims: {result['claims_per_s']}/s, p99 {result['claim_p99_ms']} ms")
-            result |= measure_plain_claims(plain_ids)
-            log(f"plain SQL claims: {result['plain_sql_claims_per_s']}/s")
-            violations = count_violations()
-            log(f"checks: {violations}")
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-            recreate_database(DB_NAME, drop_only=True)
+        log(f"seeding {HOSTS} hosts, {HOSTS * CELLS * GPUS_PER_CELL} GPUs and VMs")
+        t0 = time.perf_counter()
+        kumo_ids, plain_ids = seed()
+        log(f"seeded in {time.perf_counter() - t0:.1f} s")
+        result = {"hosts": HOSTS}
+        result |= measure_decisions()
+        log(f"decisions: {result['decisions_per_s']}/s")
+        result |= measure_kumo_claims(kumo_ids)
+        log(f"kumo claims: {result['claims_per_s']}/s, p99 {result['claim_p99_ms']} ms")
+        result |= measure_plain_claims(plain_ids)
+        log(f"plain SQL claims: {result['plain_sql_claims_per_s']}/s")
+        violations = count_violations()
+        log(f"checks: {violations}")
     placed = violations.pop("placed")
     result |= {
         "claims_vs_plain_sql": round(result["claims_per_s"] / result["plain_sql_claims_per_s"], 3),

@@ -2,7 +2,15 @@ from django.contrib import admin
 
 from compute import services
 from compute.choices import HostState
-from compute.models import Device, Host, Image, PlacementGroup, Template, VirtualMachine
+from compute.models import (
+    CapacityGuarantee,
+    Device,
+    Host,
+    Image,
+    PlacementGroup,
+    Template,
+    VirtualMachine,
+)
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import KumoError
 
@@ -71,9 +79,12 @@ class VirtualMachineAdmin(ReadOnlyAdmin):
         "host",
         "gpus",
         "priority",
+        "eviction_deadline",
+        "reclaim_action",
+        "reclaim_at",
         "created_at",
     ]
-    list_filter = ["state", "priority", "power_state"]
+    list_filter = ["state", "priority", "power_state", "reclaim_action", "reclaim_reason"]
     search_fields = ["name", "id", "project__slug", "host__name"]
     list_select_related = ["project", "host"]
     actions = ["stop", "delete_vms"]
@@ -104,13 +115,15 @@ class TemplateAdmin(admin.ModelAdmin):
         "gpu_model",
         "disk_gib",
         "spot_allowed",
+        "eviction_notice_s",
         "active",
     ]
     list_filter = ["gpus", "active", "spot_allowed"]
 
     def get_readonly_fields(self, request, obj=None):
         # Sizes are fixed once created: VMs copied them.
-        return ["name", "vcpus", "memory_gib", "gpus", "gpu_model", "disk_gib"] if obj else []
+        fixed = ["name", "vcpus", "memory_gib", "gpus", "gpu_model", "disk_gib"]
+        return [*fixed, "eviction_notice_s"] if obj else []
 
     def save_model(self, request, obj, form, change):
         if change:
@@ -128,6 +141,7 @@ class TemplateAdmin(admin.ModelAdmin):
                         "disk_gib",
                         "spot_allowed",
                         "description",
+                        "eviction_notice_s",
                     )
                 }
             )
@@ -145,3 +159,16 @@ class ImageAdmin(ReadOnlyAdmin):
 class PlacementGroupAdmin(ReadOnlyAdmin):
     list_display = ["name", "project", "policy", "created_at"]
     list_filter = ["policy"]
+
+
+@admin.register(CapacityGuarantee)
+class CapacityGuaranteeAdmin(admin.ModelAdmin):
+    """Guaranteed minimums; saved through ``compute.services.guarantee_set`` (audited)."""
+
+    list_display = ["project", "min_gpus", "updated_at"]
+    search_fields = ["project__slug"]
+    list_select_related = ["project"]
+
+    def save_model(self, request, obj, form, change):
+        saved = services.guarantee_set(project=obj.project, min_gpus=obj.min_gpus)
+        obj.pk = saved.pk

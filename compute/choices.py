@@ -57,6 +57,20 @@ class VmState(models.TextChoices):
     EVICTED = "evicted", "Evicted"
 
 
+class ReclaimAction(models.TextChoices):
+    """The next step reclamation has announced for a VM (``compute.services.reclaim``)."""
+
+    NONE = "", "None"
+    STOP = "stop", "Stop"
+    DELETE = "delete", "Delete"
+
+
+class ReclaimReason(models.TextChoices):
+    NONE = "", "None"
+    PROJECT_EXPIRED = "project_expired", "Project past its end date"
+    IDLE = "idle", "Idle"
+
+
 class VmTask(models.TextChoices):
     """The action in flight on a settled VM (Nova's task state); empty when idle."""
 

@@ -53,6 +53,8 @@ from compute.protocol import (
 from controlplane.agent import reports, runtime
 from network.drivers.base import NetworkDriverError
 from network.drivers.netlink import Netlink
+from storage.drivers.base import StorageError
+from storage.host_tasks import prepare_volumes
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +185,27 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
         user_data=message.user_data,
         files=files,
         nics=spec.nics,
+        mounts=[(m.source, m.mount_point, m.fstype, m.options) for m in message.mounts],
+        private_files=metadata_files(message),
     )
-    return replace(spec, disks=(_root_disk(message, hv),), seed_iso=str(seed))
+    volumes = prepare_volumes(message.volumes, hv)
+    return replace(spec, disks=(_root_disk(message, hv), *volumes), seed_iso=str(seed))
+
+
+METADATA_ENV = "/etc/kumo/metadata.env"
+
+
+def metadata_files(message: VmApply) -> dict[str, str]:
+    """The guest's metadata endpoint and token (``/etc/kumo/metadata.env``, root only): a
+    spot guest polls ``$KUMO_METADATA_URL/spot/instance-action`` with header
+    ``X-Kumo-Metadata-Token: $KUMO_METADATA_TOKEN``."""
+    meta = message.extra.get("metadata") or {}
+    if not meta.get("token"):
+        return {}
+    return {
+        METADATA_ENV: f"KUMO_METADATA_URL={meta.get('url', '')}\n"
+        f"KUMO_METADATA_TOKEN={meta['token']}\n"
+    }
 
 
 def ensure_taps(nics: tuple[GuestNic, ...], nl: Netlink) -> list[str]:
@@ -280,7 +301,13 @@ def vm_apply(**wire) -> None:
     with _guest_lock(message.vm_id):
         try:
             generation, power = apply(message, driver())
-        except (DriverError, OSError, subprocess.SubprocessError, ValueError) as e:
+        except (
+            DriverError,
+            StorageError,
+            OSError,
+            subprocess.SubprocessError,
+            ValueError,
+        ) as e:
             log.warning("vm %s generation %d failed: %s", message.vm_id, message.generation, e)
             _observed(
                 message,
@@ -328,7 +355,10 @@ def guests_list(*, operation_id: str) -> None:
 
 
 def _guest_wire(guest) -> dict:
-    return {"vm_id": guest.vm_id, "generation": guest.generation, "power": guest.power.value}
+    wire = {"vm_id": guest.vm_id, "generation": guest.generation, "power": guest.power.value}
+    if getattr(guest, "cpu_time_ns", None) is not None:
+        wire["cpu_time_ns"] = guest.cpu_time_ns
+    return wire
 
 
 # --- periodic reports ----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Hosts and their devices, templates, images, placement groups and virtual machines."""
 
+import secrets
 import uuid
 
 from django.conf import settings
@@ -14,6 +15,8 @@ from compute.choices import (
     PlacementPolicy,
     PowerState,
     Priority,
+    ReclaimAction,
+    ReclaimReason,
     Visibility,
     VmState,
     VmTask,
@@ -141,6 +144,11 @@ class Template(models.Model):
     gpu_model = models.CharField(max_length=64, blank=True, help_text="e.g. A100-SXM4-40GB")
     disk_gib = models.PositiveIntegerField(default=40)
     spot_allowed = models.BooleanField(default=True)
+    eviction_notice_s = models.PositiveIntegerField(
+        default=30,
+        validators=[MaxValueValidator(3600)],
+        help_text="seconds a spot VM of this size runs after its eviction notice",
+    )
     active = models.BooleanField(default=True, help_text="offered for new VMs")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -218,6 +226,11 @@ class PlacementGroup(ProjectOwnedModel):
         return f"{self.name} ({self.policy})"
 
 
+def new_metadata_token() -> str:
+    """A VM's metadata token: 256 random bits, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
 class VirtualMachine(ProjectOwnedModel):
     """A tenant's VM. Three separate fields say where it is, as Nova keeps them apart:
 
@@ -275,6 +288,43 @@ class VirtualMachine(ProjectOwnedModel):
     power_observed_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
 
+    # The guest's credential for the metadata endpoint (``/api/v1/metadata/``), delivered in
+    # its cloud-init seed; it names this VM and grants nothing else.
+    metadata_token = models.CharField(
+        max_length=64, default=new_metadata_token, editable=False, db_index=True
+    )
+    # Spot eviction (``compute.services.spot``): the notice, its deadline, the on-demand VM
+    # it makes room for, and when and where the VM was evicted.
+    eviction_notice_at = models.DateTimeField(null=True, blank=True)
+    eviction_deadline = models.DateTimeField(null=True, blank=True)
+    eviction_acknowledged_at = models.DateTimeField(null=True, blank=True)
+    evicted_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="evicting_for_me"
+    )
+    evicted_at = models.DateTimeField(null=True, blank=True)
+    evicted_host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # A pending on-demand VM waiting for spot VMs on this host to be evicted for it.
+    reserved_host = models.ForeignKey(
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Idleness, from the CPU time its host reports (``compute.services.reclaim``).
+    cpu_time_ns = models.PositiveBigIntegerField(null=True, blank=True)
+    cpu_sampled_at = models.DateTimeField(null=True, blank=True)
+    active_at = models.DateTimeField(
+        null=True, blank=True, help_text="last seen using CPU above the idle threshold"
+    )
+    # Reclamation's next announced step.
+    reclaim_action = models.CharField(
+        max_length=8, choices=ReclaimAction.choices, default=ReclaimAction.NONE, blank=True
+    )
+    reclaim_reason = models.CharField(
+        max_length=16, choices=ReclaimReason.choices, default=ReclaimReason.NONE, blank=True
+    )
+    reclaim_at = models.DateTimeField(null=True, blank=True)
+    reclaim_noticed_at = models.DateTimeField(null=True, blank=True)
+
     class Meta:
         ordering = ["-created_at"]
         constraints = [
@@ -288,11 +338,31 @@ class VirtualMachine(ProjectOwnedModel):
             models.Index(fields=["project", "state"], name="vm_project_state"),
             models.Index(fields=["host", "state"], name="vm_host_state"),
             models.Index(fields=["state", "updated_at"], name="vm_state_updated"),
+            models.Index(fields=["state", "eviction_deadline"], name="vm_state_eviction"),
         ]
         verbose_name = "virtual machine"
 
     def __str__(self):
         return f"{self.name} ({self.state})"
+
+
+class CapacityGuarantee(models.Model):
+    """A project's guaranteed minimum (mdx's Rmin): ``min_gpus`` GPUs that spot preemption
+    never takes from it. Its GPU VMs count towards the minimum on-demand first, then spot
+    oldest first; its spot VMs within the minimum are never chosen as victims
+    (``compute.services.spot``). Operators set it; the project reads it."""
+
+    project = models.OneToOneField(
+        Project, on_delete=models.CASCADE, related_name="capacity_guarantee"
+    )
+    min_gpus = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["project__slug"]
+
+    def __str__(self):
+        return f"{self.project}: {self.min_gpus} GPUs guaranteed"
 
 
 class OrphanGuest(models.Model):

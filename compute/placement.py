@@ -38,6 +38,7 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
+from tenants import usage
 
 log = logging.getLogger(__name__)
 
@@ -211,13 +212,16 @@ def _claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
         "state_reason": "",
         "generation": vm.generation + 1,
     }
+    now = timezone.now()
     updated = VirtualMachine.objects.filter(
         pk=vm.pk, generation=vm.generation, host__isnull=True
-    ).update(**changes, updated_at=timezone.now())
+    ).update(**changes, updated_at=now)
     if not updated:
         raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
     for name, value in changes.items():
         setattr(vm, name, value)
+    # pending -> provisioning, however the VM was placed: its bill starts with the claim.
+    usage.vm_usage_sync(vm, at=now)
 
 
 def place(vm: VirtualMachine) -> Placement:
@@ -264,6 +268,20 @@ def place(vm: VirtualMachine) -> Placement:
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
     )
+
+
+def place_on(vm: VirtualMachine, host_id: int) -> Placement:
+    """Decide and claim room for ``vm`` on host ``host_id`` alone, from the database as this
+    transaction sees it (the room spot evictions freed in it); raises ``NoValidHost`` or
+    ``ClaimConflict``."""
+    req = request_for(vm)
+    scheduler = Scheduler(_host_views(Host.objects.filter(pk=host_id, state=HostState.UP)))
+    chosen = scheduler.select(req)
+    claim(vm, chosen, req)
+    log.info(
+        "vm %s placed on %s after evictions (generation %d)", vm.pk, chosen.host_name, vm.generation
+    )
+    return chosen
 
 
 def release(vm: VirtualMachine) -> None:

@@ -57,6 +57,30 @@ class InterfaceWire:
 
 
 @dataclass(frozen=True)
+class VolumeWire:
+    """A storage volume attached to the guest as ``device``: volume ``name`` of at least
+    ``size_gib`` in the host's pool ``pool`` (the agent makes or grows it before defining
+    the guest; ``storage.host_tasks.prepare_volumes``)."""
+
+    volume_id: str
+    pool: str
+    name: str
+    size_gib: int
+    device: str
+    serial: str = ""
+
+
+@dataclass(frozen=True)
+class MountWire:
+    """A shared file system the guest mounts at boot (cloud-init ``mounts``)."""
+
+    source: str
+    mount_point: str
+    fstype: str
+    options: str = "defaults,_netdev,nofail"
+
+
+@dataclass(frozen=True)
 class VmApply:
     """What the controller wants of one guest at one generation.
 
@@ -83,6 +107,8 @@ class VmApply:
     graceful_timeout_s: float = 60.0
     operation_id: str = ""
     interfaces: tuple[InterfaceWire, ...] = ()
+    volumes: tuple[VolumeWire, ...] = ()
+    mounts: tuple[MountWire, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def to_wire(self) -> dict:
@@ -99,6 +125,8 @@ class VmApply:
             )
             for i in data.get("interfaces", ())
         )
+        data["volumes"] = tuple(VolumeWire(**v) for v in data.get("volumes", ()))
+        data["mounts"] = tuple(MountWire(**m) for m in data.get("mounts", ()))
         return cls(**data)
 
 

@@ -23,3 +23,15 @@ def vms_schedule_pending() -> int:
 def vms_reap_stuck() -> int:
     with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
         return services.vms_reap_stuck()
+
+
+@shared_task(name="kumo.control.evictions_reap", acks_late=True, time_limit=60)
+def evictions_reap() -> int:
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return services.evictions_reap()
+
+
+@shared_task(name="kumo.control.reclaim", acks_late=True, time_limit=300)
+def reclaim() -> dict:
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return services.reclaim_run()

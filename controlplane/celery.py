@@ -31,9 +31,21 @@ app.conf.beat_schedule = {
     "expire-projects": {"task": "kumo.control.projects_expire", "schedule": 3600.0},
     "place-pending-vms": {"task": "kumo.control.vms_schedule_pending", "schedule": 15.0},
     "reap-stuck-vms": {"task": "kumo.control.vms_reap_stuck", "schedule": 60.0},
+    "check-budgets": {"task": "kumo.control.budgets_check", "schedule": 300.0},
+    "issue-invoices": {"task": "kumo.control.invoices_issue", "schedule": 86400.0},
+    "reap-spot-evictions": {
+        "task": "kumo.control.evictions_reap",
+        "schedule": settings.SPOT_REAP_S,
+    },
+    "reclaim": {"task": "kumo.control.reclaim", "schedule": settings.RECLAIM_INTERVAL_S},
     "sync-host-networks": {
         "task": "kumo.control.network_sync",
         "schedule": settings.NETWORK_SYNC_S,
+    },
+    "sync-shares": {"task": "kumo.control.shares_sync", "schedule": settings.SHARE_SYNC_S},
+    "measure-buckets": {
+        "task": "kumo.control.buckets_measure",
+        "schedule": settings.BUCKET_USAGE_S,
     },
 }
 app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])

@@ -274,6 +274,33 @@ RECONCILE_GRACE_S = float(os.environ.get("KUMO_RECONCILE_GRACE_S", "5"))
 # KUMO_ORPHAN_GRACE_S: a guest no VM accounts for is destroyed after it was seen this long.
 ORPHAN_GRACE_S = int(os.environ.get("KUMO_ORPHAN_GRACE_S", "300"))
 
+# --- Spot and reclamation (read by compute.services.spot, compute.services.reclaim) --------
+# KUMO_SPOT_STOP_GRACE_S: once a spot VM's eviction notice ends (each template sets its
+# notice, 30 s by default), seconds its guest has to shut down before it is forced off.
+SPOT_STOP_GRACE_S = float(os.environ.get("KUMO_SPOT_STOP_GRACE_S", "10"))
+# KUMO_SPOT_REAP_S: how often beat stops the spot VMs whose notice has ended (seconds; a
+# notice may run over by up to this much).
+SPOT_REAP_S = float(os.environ.get("KUMO_SPOT_REAP_S", "5"))
+# KUMO_METADATA_URL: the metadata endpoint as guests reach it over their network, written
+# into each guest's /etc/kumo/metadata.env with its token (read by compute.services.vms).
+METADATA_URL = os.environ.get("KUMO_METADATA_URL", "http://127.0.0.1:8000/api/v1/metadata")
+# KUMO_RECLAIM_INTERVAL_S: how often beat runs reclamation (seconds).
+RECLAIM_INTERVAL_S = float(os.environ.get("KUMO_RECLAIM_INTERVAL_S", "300"))
+# KUMO_RECLAIM_EXPIRED_NOTICE_S: a running VM of a project past its end date is stopped this
+# long after reclamation announced it (default one day).
+RECLAIM_EXPIRED_NOTICE_S = int(os.environ.get("KUMO_RECLAIM_EXPIRED_NOTICE_S", "86400"))
+# KUMO_RECLAIM_EXPIRED_GRACE_S: its stopped VMs are deleted this long after they stopped (or
+# after the announcement, for VMs not running then; default 30 days).
+RECLAIM_EXPIRED_GRACE_S = int(os.environ.get("KUMO_RECLAIM_EXPIRED_GRACE_S", str(30 * 86400)))
+# KUMO_IDLE_AFTER_S: a running VM whose CPU use stayed below KUMO_IDLE_CPU_PERCENT this long
+# is warned, then stopped KUMO_IDLE_WARNING_S later unless busy again; 0 turns it off
+# (default 7 days, warning 1 day).
+IDLE_AFTER_S = int(os.environ.get("KUMO_IDLE_AFTER_S", str(7 * 86400)))
+IDLE_WARNING_S = int(os.environ.get("KUMO_IDLE_WARNING_S", "86400"))
+# KUMO_IDLE_CPU_PERCENT: CPU use (percent of the VM's vCPUs, between two guests reports) at
+# or above which a VM counts as busy. An idle Linux guest uses well under 1 %.
+IDLE_CPU_PERCENT = float(os.environ.get("KUMO_IDLE_CPU_PERCENT", "2"))
+
 # --- Network (read by network.allocation, network.services, network.desired) ---------------
 # KUMO_VNI_RANGE: the VXLAN network identifiers tenant networks get, "first-last" within
 # 1..16777215. Exhaustion answers 409. Hosts give each network its own conntrack zone,
@@ -288,6 +315,36 @@ MAC_PREFIX = os.environ.get("KUMO_MAC_PREFIX", "02:4b:55")
 # KUMO_NETWORK_SYNC_S: how often the controller re-sends desired state to hosts that have
 # not reported it applied (a lost message or a restarted agent).
 NETWORK_SYNC_S = float(os.environ.get("KUMO_NETWORK_SYNC_S", "30"))
+
+# --- Storage (read by storage.services) -------------------------------------------------------
+# KUMO_SHARE_<TIER>: where projects' shares of tier fast (Lustre on NVMe, /fast in guests) or
+# large (Lustre on HDD, /large) live, as "backend:host:source": backend lustre or nfs, the
+# agent host that serves the tier (its KUMO_SHARES names the same tier), and the mount
+# source prefix guests mount from (a Lustre "10.0.0.1@o2ib:/fast" or an NFS
+# "nfs.example:/srv/kumo/fast/exports"). A tier left unset offers no shares (409).
+SHARE_TIERS = {
+    tier: dict(zip(("backend", "host", "source"), value.split(":", 2), strict=True))
+    for tier in ("fast", "large")
+    if (value := os.environ.get(f"KUMO_SHARE_{tier.upper()}", "")).count(":") >= 2
+}
+# KUMO_SHARE_PROJECT_ID_BASE: the first Lustre project id (and NFS fsid) given to shares.
+SHARE_PROJECT_ID_BASE = int(os.environ.get("KUMO_SHARE_PROJECT_ID_BASE", "100000"))
+# KUMO_SHARE_SYNC_S: how often every share is sent to its host again (repairs drift, and
+# the answer refreshes its usage).
+SHARE_SYNC_S = float(os.environ.get("KUMO_SHARE_SYNC_S", "300"))
+# KUMO_OBJECT_STORE: the S3-compatible service buckets live on: s3iam (S3 + IAM, as moto's
+# server offers) or rgw (Ceph RGW's admin API); empty, object storage is not offered (409).
+# KUMO_OBJECT_STORE_ENDPOINT / _ACCESS_KEY / _SECRET_KEY / _REGION: its URL (also what
+# clients use) and an admin's credentials.
+OBJECT_STORE = {
+    "kind": os.environ.get("KUMO_OBJECT_STORE", ""),
+    "endpoint": os.environ.get("KUMO_OBJECT_STORE_ENDPOINT", ""),
+    "access_key": os.environ.get("KUMO_OBJECT_STORE_ACCESS_KEY", ""),
+    "secret_key": os.environ.get("KUMO_OBJECT_STORE_SECRET_KEY", ""),
+    "region": os.environ.get("KUMO_OBJECT_STORE_REGION", "us-east-1"),
+}
+# KUMO_BUCKET_USAGE_S: how often the controller reads every bucket's usage.
+BUCKET_USAGE_S = float(os.environ.get("KUMO_BUCKET_USAGE_S", "3600"))
 
 # KUMO_EMAIL_BACKEND: how event mail leaves (read by Django's send_mail via
 # controlplane.events): smtp (with EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER,

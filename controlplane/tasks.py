@@ -1,9 +1,12 @@
 """The controller's Celery tasks: thin, each loads by id and calls a service."""
 
 import logging
+import random
+import time
 from datetime import datetime
 
 from celery import shared_task
+from django.db import OperationalError, connection
 
 from controlplane import agents, audit, services
 from controlplane.broker import AGENT_REPORT_TASK
@@ -11,17 +14,45 @@ from controlplane.choices import AuditSource
 
 log = logging.getLogger(__name__)
 
+# A report's transaction that PostgreSQL aborted as a deadlock victim or a serialization
+# failure is run again, this many times in all (each handler is one transaction, or
+# several that each stand alone, so running one again is safe).
+REPORT_ATTEMPTS = 4
+_RETRIED_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
+
+
+def retryable(error: OperationalError) -> bool:
+    """Whether ``error`` is PostgreSQL aborting a transaction that may simply run again."""
+    return getattr(error.__cause__, "sqlstate", None) in _RETRIED_SQLSTATES
+
 
 @shared_task(name=AGENT_REPORT_TASK, acks_late=True, time_limit=60)
 def agent_report(*, host: str, kind: str, payload: dict, sent_at: str) -> None:
     """A report from a host agent: dispatched to the handler registered for its kind.
-    An unknown kind is logged and dropped (an agent newer than its controller)."""
+    An unknown kind is logged and dropped (an agent newer than its controller). A deadlock
+    or serialization failure runs the handler again (``REPORT_ATTEMPTS``); past that the
+    error is raised, and the host's next report carries the same facts."""
     handler = agents.handler_for(kind)
     if handler is None:
         log.warning("host %s sent a report of unknown kind %r; dropped", host, kind)
         return
-    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
-        handler(host=host, payload=payload, sent_at=datetime.fromisoformat(sent_at))
+    for attempt in range(1, REPORT_ATTEMPTS + 1):
+        try:
+            with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+                handler(host=host, payload=payload, sent_at=datetime.fromisoformat(sent_at))
+            return
+        except OperationalError as e:
+            if not retryable(e) or attempt == REPORT_ATTEMPTS or connection.in_atomic_block:
+                raise
+            log.warning(
+                "host %s: %s report aborted (%s); attempt %d of %d",
+                host,
+                kind,
+                e.__cause__.sqlstate,
+                attempt + 1,
+                REPORT_ATTEMPTS,
+            )
+            time.sleep(random.uniform(0.02, 0.1) * attempt)
 
 
 @shared_task(name="kumo.control.operations_reap", acks_late=True, time_limit=120)

@@ -43,7 +43,8 @@ from network.models import (
     SecurityGroupRule,
     Subnet,
 )
-from tenants import quotas
+from tenants import quotas, usage
+from tenants.choices import UsageResource
 from tenants.models import Project
 
 log = logging.getLogger(__name__)
@@ -690,6 +691,7 @@ def global_ip_allocate(*, project: Project, description: str = "") -> GlobalIp:
     if description:
         address.description = description
         address.save(update_fields=["description"])
+    usage.usage_open(address, UsageResource.GLOBAL_IP, 1, timezone.now())  # billed from now
     audit.record("global_ip.allocate", address, project=project)
     return address
 
@@ -734,6 +736,7 @@ def global_ip_release(*, address: GlobalIp) -> None:
     if address.router:
         raise Conflict("the router's own address is released with the project", code="in_use")
     audit.record("global_ip.release", address, project=address.project)
+    usage.usage_close(address, UsageResource.GLOBAL_IP, at=timezone.now())  # billed until now
     project = address.project
     address.delete()
     _hosts_changed(project=project)

@@ -1,13 +1,30 @@
 """The operators' console for people and projects. Every save goes through a service, so the
 admin is audited and checked like the API."""
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 
 from controlplane import audit
 from controlplane.errors import KumoError
-from tenants import services
-from tenants.models import ApiToken, ExternalIdentity, Membership, Project, Quota, SSHKey, User
+from tenants import billing, services
+from tenants.choices import UsageResource
+from tenants.models import (
+    ApiToken,
+    Budget,
+    BudgetAlert,
+    ExternalIdentity,
+    Invoice,
+    Membership,
+    PointsEntry,
+    Project,
+    Quota,
+    RateCard,
+    RateCardPrice,
+    SSHKey,
+    UsageRecord,
+    User,
+)
 
 
 class ServiceAdmin(admin.ModelAdmin):
@@ -65,7 +82,7 @@ class ProjectAdmin(ServiceAdmin):
     list_filter = ["status", "valid_until"]
     search_fields = ["slug", "name", "owner__username", "owner__email"]
     inlines = [MembershipInline]
-    actions = ["suspend", "reactivate"]
+    actions = ["suspend", "reactivate", "issue_last_month"]
 
     def get_readonly_fields(self, request, obj=None):
         return (
@@ -105,6 +122,23 @@ class ProjectAdmin(ServiceAdmin):
     def suspend(self, request, queryset):
         for project in queryset:
             services.project_set_status(project=project, status="suspended", reason="admin")
+
+    @admin.action(description="Issue last month's invoices of the selected projects")
+    def issue_last_month(self, request, queryset):
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        period = billing.month_start(billing.month_start(timezone.now().date()) - timedelta(1))
+        made = self._run(
+            request,
+            billing.invoices_issue,
+            period=period,
+            projects=list(queryset),
+            actor=request.user,
+        )
+        if made is not None:
+            self.message_user(request, f"{len(made)} invoice(s) of {period:%Y-%m} issued")
 
     @admin.action(description="Reactivate the selected projects")
     def reactivate(self, request, queryset):
@@ -212,3 +246,219 @@ class ApiTokenAdmin(ServiceAdmin):
     def revoke(self, request, queryset):
         for token in queryset:
             services.token_revoke(token=token)
+
+
+# --- billing ------------------------------------------------------------------------------------
+
+
+class RateCardForm(forms.ModelForm):
+    """A new rate card version; its prices are typed one per line: ``resource [model] price``
+    (``gpu A100-SXM4-40GB 500``, ``vcpu 10``)."""
+
+    prices_text = forms.CharField(
+        label="Prices",
+        widget=forms.Textarea(attrs={"rows": 8}),
+        help_text="one per line: resource [GPU model] unit price; resources: "
+        + ", ".join(UsageResource.values)
+        + " (storage per GiB-month, the others per unit-hour); a gpu line without a model "
+        "prices every other GPU model",
+    )
+
+    class Meta:
+        model = RateCard
+        fields = ["valid_from", "currency", "spot_factor", "reserved_factor", "notes"]
+
+    def clean_prices_text(self):
+        prices = []
+        for number, line in enumerate(self.cleaned_data["prices_text"].splitlines(), start=1):
+            words = line.split()
+            if not words:
+                continue
+            if len(words) not in (2, 3):
+                raise forms.ValidationError(f"line {number}: resource [model] price")
+            prices.append(
+                {
+                    "resource": words[0],
+                    "model": words[1] if len(words) == 3 else "",
+                    "unit_price": words[-1],
+                }
+            )
+        return prices
+
+
+class RateCardPriceInline(admin.TabularInline):
+    model = RateCardPrice
+    extra = 0
+    fields = ["resource", "model", "unit_price"]
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(RateCard)
+class RateCardAdmin(ServiceAdmin):
+    """Rate card versions: added through ``tenants.billing.rate_card_create`` (which ends
+    the version before at the new one's start); never edited nor deleted."""
+
+    list_display = ["version", "valid_from", "valid_until", "currency", "spot_factor"]
+
+    def get_inlines(self, request, obj=None):
+        return [RateCardPriceInline] if obj is not None else []
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = RateCardForm
+        return super().get_form(request, obj, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return [*RateCardForm.Meta.fields, "prices_text"]
+        return ["version", "valid_from", "valid_until", *RateCardForm.Meta.fields[1:]]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj) if obj else []
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        created = self._run(
+            request,
+            billing.rate_card_create,
+            valid_from=obj.valid_from,
+            prices=form.cleaned_data["prices_text"],
+            spot_factor=obj.spot_factor,
+            reserved_factor=obj.reserved_factor,
+            currency=obj.currency,
+            notes=obj.notes,
+            actor=request.user,
+        )
+        if created is not None:
+            obj.pk = created.pk
+
+    def save_related(self, request, form, formsets, change):
+        pass  # the prices were written by the service
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(ReadOnlyAdmin):
+    list_display = [
+        "project",
+        "subject_name",
+        "resource",
+        "model",
+        "priority",
+        "quantity",
+        "started_at",
+        "ended_at",
+    ]
+    list_filter = ["resource", "priority", "subject_type"]
+    search_fields = ["project__slug", "subject_id", "subject_name"]
+    list_select_related = ["project"]
+
+
+@admin.register(Invoice)
+class InvoiceAdmin(ReadOnlyAdmin):
+    list_display = ["project", "period_start", "total", "points_applied", "amount_due", "issued_at"]
+    list_filter = ["period_start"]
+    search_fields = ["project__slug", "content_hash"]
+    list_select_related = ["project"]
+    actions = ["verify"]
+
+    @admin.action(description="Recompute the selected invoices and compare")
+    def verify(self, request, queryset):
+        for invoice in queryset.select_related("project"):
+            try:
+                check = billing.invoice_verify(invoice)
+            except KumoError as e:
+                self.message_user(request, f"{invoice}: {e.message}", level=messages.ERROR)
+                continue
+            if check["identical"]:
+                self.message_user(request, f"{invoice}: identical ({check['stored_hash']})")
+            else:
+                self.message_user(
+                    request,
+                    f"{invoice}: DIFFERS: stored {check['stored_hash']}, "
+                    f"recomputed {check['recomputed_hash']}",
+                    level=messages.WARNING,
+                )
+
+
+@admin.register(Budget)
+class BudgetAdmin(ServiceAdmin):
+    list_display = ["project", "name", "amount", "thresholds", "policy", "active"]
+    list_filter = ["policy", "active"]
+    search_fields = ["project__slug", "name"]
+    autocomplete_fields = ["project"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["project"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        fields = {f: getattr(obj, f) for f in ("name", "amount", "thresholds", "policy", "active")}
+        if change:
+            self._run(request, billing.budget_update, budget=obj, **fields)
+            return
+        created = self._run(request, billing.budget_create, project=obj.project, **fields)
+        if created is not None:
+            obj.pk = created.pk
+
+    def delete_model(self, request, obj):
+        self._run(request, billing.budget_delete, budget=obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(ReadOnlyAdmin):
+    list_display = ["budget", "period_start", "threshold", "spend", "created_at"]
+    list_filter = ["period_start", "threshold"]
+    list_select_related = ["budget__project"]
+
+
+@admin.register(PointsEntry)
+class PointsEntryAdmin(ServiceAdmin):
+    """The points ledger: operators add credits and adjustments; entries never change."""
+
+    list_display = ["project", "kind", "amount", "balance_after", "invoice", "note", "created_at"]
+    list_filter = ["kind"]
+    search_fields = ["project__slug", "note"]
+    list_select_related = ["project"]
+    autocomplete_fields = ["project"]
+    fields = ["project", "kind", "amount", "note"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["project", "kind", "amount", "balance_after", "invoice", "note"] if obj else []
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return
+        created = self._run(
+            request,
+            billing.points_credit,
+            project=obj.project,
+            amount=obj.amount,
+            kind=obj.kind,
+            note=obj.note,
+            actor=request.user,
+        )
+        if created is not None:
+            obj.pk = created.pk

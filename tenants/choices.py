@@ -33,3 +33,38 @@ class SSHKeyType(models.TextChoices):
     ECDSA_P256 = "ecdsa-sha2-nistp256", "ECDSA P-256"
     ECDSA_P384 = "ecdsa-sha2-nistp384", "ECDSA P-384"
     ECDSA_P521 = "ecdsa-sha2-nistp521", "ECDSA P-521"
+
+
+# --- billing -----------------------------------------------------------------------------------
+
+
+class UsageResource(models.TextChoices):
+    """What a usage interval measures, and the unit its rate card price is per."""
+
+    VCPU = "vcpu", "vCPU-hour"
+    MEMORY = "memory", "GiB-hour of memory"
+    GPU = "gpu", "GPU-hour (priced by model)"
+    STORAGE = "storage", "GiB-month of storage"
+    GLOBAL_IP = "global_ip", "global-IP-hour"
+
+
+class BillingPriority(models.TextChoices):
+    """How the capacity was bought; the rate card's factor for it multiplies the price."""
+
+    ON_DEMAND = "on_demand", "On demand"
+    SPOT = "spot", "Spot"
+    RESERVED = "reserved", "Reserved"
+
+
+class BudgetPolicy(models.TextChoices):
+    """What happens when a project's month-to-date spend reaches 100 % of a budget."""
+
+    NOTIFY = "notify", "Notify only"
+    STOP_SPOT = "stop_spot", "Stop spot VMs"
+    STOP_ALL = "stop_all", "Stop spot VMs, then every other VM"
+
+
+class PointsKind(models.TextChoices):
+    CREDIT = "credit", "Credit (points bought or granted)"
+    DEBIT = "debit", "Debit (an invoice drawn from the points)"
+    ADJUSTMENT = "adjustment", "Adjustment by an operator"

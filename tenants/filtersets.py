@@ -1,7 +1,8 @@
 import django_filters
 
-from tenants.choices import ProjectStatus, Role
-from tenants.models import Membership, Project
+from controlplane.filtersets import UTCDateTimeFilter
+from tenants.choices import BillingPriority, PointsKind, ProjectStatus, Role, UsageResource
+from tenants.models import Invoice, Membership, PointsEntry, Project, UsageRecord
 
 
 class ProjectFilterSet(django_filters.FilterSet):
@@ -25,3 +26,45 @@ class MembershipFilterSet(django_filters.FilterSet):
     class Meta:
         model = Membership
         fields = ["role", "username"]
+
+
+# --- billing -----------------------------------------------------------------------------------
+
+
+class UsageRecordFilterSet(django_filters.FilterSet):
+    resource = django_filters.ChoiceFilter(choices=UsageResource.choices)
+    priority = django_filters.ChoiceFilter(choices=BillingPriority.choices)
+    subject_type = django_filters.CharFilter()
+    subject_id = django_filters.CharFilter()
+    open = django_filters.BooleanFilter(
+        field_name="ended_at", lookup_expr="isnull", label="still open"
+    )
+    started_after = UTCDateTimeFilter(field_name="started_at", lookup_expr="gte")
+    started_before = UTCDateTimeFilter(field_name="started_at", lookup_expr="lt")
+
+    class Meta:
+        model = UsageRecord
+        fields = ["resource", "priority", "subject_type", "subject_id"]
+
+
+class InvoiceFilterSet(django_filters.FilterSet):
+    period_start = django_filters.DateFilter()
+
+    class Meta:
+        model = Invoice
+        fields = ["period_start"]
+
+
+class OperatorInvoiceFilterSet(InvoiceFilterSet):
+    project = django_filters.CharFilter(field_name="project__slug")
+
+    class Meta(InvoiceFilterSet.Meta):
+        fields = ["period_start", "project"]
+
+
+class PointsEntryFilterSet(django_filters.FilterSet):
+    kind = django_filters.ChoiceFilter(choices=PointsKind.choices)
+
+    class Meta:
+        model = PointsEntry
+        fields = ["kind"]

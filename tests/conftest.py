@@ -22,6 +22,14 @@ def _reset_login_throttle(settings):
     settings.AXES_ENABLED = True
 
 
+@pytest.fixture(autouse=True)
+def _fresh_spot_index():
+    # A process's index of evictable spot VMs would outlive the rows a test rolls back.
+    from compute.services import spot
+
+    spot.index.invalidate()
+
+
 @pytest.fixture
 def client_for():
     """``client_for(user, project=None)``: an API client that authenticates like a real one,

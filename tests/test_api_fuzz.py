@@ -27,6 +27,7 @@ from controlplane.models import AuditEvent
 from controlplane.services import operation_create
 from controlplane.wsgi import application
 from tenants import services
+from tenants.models import UsageRecord
 from tests.factories import (
     UserFactory,
     add_member,
@@ -60,6 +61,7 @@ REFERENCES = {
     "POST /api/v1/user/tokens/": ["project"],
     "POST /api/v1/user/ssh-keys/": ["public_key"],
     "POST /api/v1/auth/login/": ["username", "password"],
+    "POST /api/v1/projects/{project_slug}/volumes/{id}/attach/": ["vm"],
     "POST /api/v1/projects/{project_slug}/vms/": [
         "template",
         "image",
@@ -123,6 +125,25 @@ NOT_IN_SCHEMA = {
         "destination_cidr",
         "next_hop",
     },
+    # Storage: a VM of the project; a volume or share only grows.
+    "POST /api/v1/projects/{project_slug}/volumes/{id}/attach/": {"vm"},
+    "POST /api/v1/projects/{project_slug}/volumes/{id}/extend/": {"size_gib"},
+    "POST /api/v1/projects/{project_slug}/shares/{id}/extend/": {"quota_gib"},
+    # Billing: a rate card starts after the last version and outside invoiced months, prices
+    # each resource once (only GPUs by model) in the same currency, with factors up to 10; a
+    # month to issue has ended and a project exists; points move by a non-zero amount of an
+    # existing project; budget amounts are positive and thresholds do not repeat.
+    "POST /api/v1/admin/rate-cards/": {
+        "valid_from",
+        "prices",
+        "currency",
+        "spot_factor",
+        "reserved_factor",
+    },
+    "POST /api/v1/admin/invoices/issue/": {"period", "project"},
+    "POST /api/v1/admin/points/": {"project", "amount"},
+    "POST /api/v1/projects/{project_slug}/budgets/": {"amount", "thresholds"},
+    "PATCH /api/v1/projects/{project_slug}/budgets/{id}/": {"amount", "thresholds"},
 }
 # And in any text field, two rules of DRF's: no NUL characters (PostgreSQL text cannot hold
 # them), and the value is trimmed first, so one made of whitespace only ("\x1e") is blank.
@@ -179,7 +200,11 @@ def world(db):
     operation = operation_create(kind="test.fuzz", target=project, project=project)
     token, secret = services.token_create(user=staff, name="fuzz")
     key = services.sshkey_add(user=staff, name="fuzz", public_key=_ssh_public_key())
+    invoice, budget, points, rate_card = _billing(project)
     event = AuditEvent.objects.filter(project=project).latest("pk")
+    from storage import services as storage
+
+    volume = storage.volume_create(project=project, name="fuzz", size_gib=1)
     REAL.clear()
     REAL.update(
         # path parameters
@@ -196,6 +221,12 @@ def world(db):
             "id:images": [str(image.pk)],
             "id:placement-groups": [str(group.pk)],
             "id:devices": [str(vm.devices.first().pk)],
+            "id:volumes": [str(volume.pk)],
+            "id:invoices": [str(invoice.pk)],
+            "id:budgets": [str(budget.pk)],
+            "id:points": [str(points.pk)],
+            "id:rate-cards": [str(rate_card.pk)],
+            "id:usage-records": [str(UsageRecord.objects.filter(project=project).first().pk)],
         },
         # body fields
         owner=[outsider.username, staff.username],
@@ -207,8 +238,37 @@ def world(db):
         image=[image.pk],
         ssh_keys=[[key.name]],
         placement_group=[group.name],
+        vm=[str(vm.pk)],
     )
     return {"Authorization": f"Bearer {secret}"}
+
+
+def _billing(project):
+    """A rate card, an invoice of a past month, a budget and a points credit."""
+    from datetime import UTC, date, datetime, timedelta
+    from decimal import Decimal
+
+    from tenants import billing
+
+    resources = ("vcpu", "memory", "gpu", "storage", "global_ip")
+    rate_card = billing.rate_card_create(
+        valid_from=datetime(2024, 1, 1, tzinfo=UTC),
+        prices=[{"resource": r, "unit_price": "1"} for r in resources],
+    )
+    start = datetime(2024, 6, 1, tzinfo=UTC)
+    UsageRecord.objects.create(
+        project=project,
+        subject_type="tests.fuzz",
+        subject_id="1",
+        resource="vcpu",
+        quantity=1,
+        started_at=start,
+        ended_at=start + timedelta(hours=1),
+    )
+    [invoice] = billing.invoices_issue(period=date(2024, 6, 1), projects=[project])
+    budget = billing.budget_create(project=project, name="fuzz", amount=Decimal(100))
+    points = billing.points_credit(project=project, amount=Decimal(10))
+    return invoice, budget, points, rate_card
 
 
 @pytest.fixture

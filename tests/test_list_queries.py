@@ -26,7 +26,8 @@ from tests.tenants.test_sshkeys import _openssh_public
 
 pytestmark = pytest.mark.django_db
 
-SINGLETONS = {"project-quota"}  # one object per project: nothing to page
+# One object per project: nothing to page.
+SINGLETONS = {"project-quota", "project-forecast", "project-reclamation"}
 
 
 def list_endpoints():
@@ -37,7 +38,7 @@ def list_endpoints():
 
 
 @pytest.fixture
-def seeded(staff):
+def seeded(staff, monkeypatch, settings):
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     project = make_project(owner=staff)
@@ -53,10 +54,53 @@ def seeded(staff):
         host = make_host(f"h-{n}")
         make_vm(project, template=make_template(gpus=1), image=make_image(project=project))
         compute.placement_group_create(project=project, name=f"pg{n}", policy="compact")
+        compute.guarantee_set(project=make_project(owner=staff), min_gpus=n + 1)
         operation_create(kind="test", target=host)
         operation_create(kind="test", target=project, project=project)
         _seed_network(project, host, n)
+        _seed_storage(project, host, n, monkeypatch, settings)
+        _seed_billing(project, n)
     return project
+
+
+def _seed_billing(project, n):
+    """A rate card version, a day of usage in a past month invoiced, a budget, points."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from tenants import billing
+    from tenants.models import UsageRecord
+
+    resources = ("vcpu", "memory", "gpu", "storage", "global_ip")
+    prices = [{"resource": r, "unit_price": "1"} for r in resources]
+    for month in range(1, 4) if n == 0 else ():  # three versions, before any invoice
+        billing.rate_card_create(valid_from=datetime(2024, month, 1, tzinfo=UTC), prices=prices)
+    start = datetime(2025, n + 1, 1, tzinfo=UTC)
+    UsageRecord.objects.create(
+        project=project,
+        subject_type="tests.seed",
+        subject_id=str(n),
+        resource="storage",
+        quantity=10,
+        started_at=start,
+        ended_at=start + timedelta(days=1),
+    )
+    billing.invoices_issue(period=date(2025, n + 1, 1), projects=[project])
+    billing.budget_create(project=project, name=f"budget{n}", amount=100 * (n + 1))
+    billing.points_credit(project=project, amount=10)
+
+
+def _seed_storage(project, host, n, monkeypatch, settings):
+    from storage import services as storage
+    from storage.drivers.fake import FakeObjectStore
+
+    if n == 0:
+        store = FakeObjectStore()
+        monkeypatch.setattr(storage, "object_store", lambda: store)
+        settings.SHARE_TIERS = {"fast": {"backend": "nfs", "host": host.name, "source": "n:/x"}}
+    storage.volume_create(project=project, name=f"vol{n}", size_gib=1)
+    storage.share_create(project=project, name=f"share{n}", tier="fast", quota_gib=1)
+    storage.bucket_create(project=project, name=f"bucket-{n}", quota_gib=1)
+    storage.access_key_create(project=project)
 
 
 def _seed_network(project, host, n):

@@ -1,9 +1,10 @@
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from compute.choices import HostState, PlacementPolicy, Priority
+from compute.choices import HostState, PlacementPolicy, Priority, ReclaimAction, ReclaimReason
 from compute.models import (
+    CapacityGuarantee,
     Device,
     Host,
     Image,
@@ -101,6 +102,7 @@ class TemplateSerializer(fields.ModelSerializer):
             "gpu_model",
             "disk_gib",
             "spot_allowed",
+            "eviction_notice_s",
             "active",
             "created_at",
         ]
@@ -191,6 +193,14 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "updated_at",
             "launched_at",
             "deleted_at",
+            "eviction_notice_at",
+            "eviction_deadline",
+            "eviction_acknowledged_at",
+            "evicted_at",
+            "active_at",
+            "reclaim_action",
+            "reclaim_reason",
+            "reclaim_at",
         ]
         read_only_fields = fields
 
@@ -231,6 +241,51 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     def get_gpu_addresses(self, vm) -> list[str]:
         """The host PCI addresses of the VM's GPUs (for support and NCCL debugging)."""
         return sorted(d.pci_address for d in vm.devices.all())
+
+
+class CapacityGuaranteeSerializer(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = CapacityGuarantee
+        fields = ["project", "min_gpus", "updated_at"]
+        read_only_fields = ["project", "updated_at"]
+        extra_kwargs = {"min_gpus": {"max_value": 2**31 - 1, "required": True}}
+
+
+class ReclamationThresholdsSerializer(serializers.Serializer):
+    idle_after_s = serializers.IntegerField(help_text="0: idle VMs are never stopped")
+    idle_cpu_percent = serializers.FloatField()
+    idle_warning_s = serializers.IntegerField()
+    expired_stop_notice_s = serializers.IntegerField()
+    expired_delete_grace_s = serializers.IntegerField()
+    spot_stop_grace_s = serializers.FloatField()
+
+
+class ReclamationStepSerializer(serializers.Serializer):
+    vm = serializers.UUIDField()
+    name = serializers.CharField()
+    action = serializers.ChoiceField(choices=ReclaimAction.choices)
+    reason = serializers.ChoiceField(choices=ReclaimReason.choices)
+    at = serializers.DateTimeField()
+
+
+@extend_schema_serializer(many=False)  # answered by a list action (one report)
+class ReclamationReportSerializer(serializers.Serializer):
+    """The project's guaranteed minimum, reclamation's thresholds and its scheduled steps."""
+
+    project_status = serializers.CharField()
+    valid_until = serializers.DateField(allow_null=True)
+    min_gpus = serializers.IntegerField()
+    thresholds = ReclamationThresholdsSerializer()
+    scheduled = ReclamationStepSerializer(many=True)
+
+
+class InstanceActionSerializer(serializers.Serializer):
+    """What is about to happen to the guest (AWS's spot ``instance-action``)."""
+
+    action = serializers.ChoiceField(choices=["stop", "terminate"])
+    time = serializers.DateTimeField()
 
 
 class NicSerializer(serializers.Serializer):

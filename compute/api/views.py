@@ -15,7 +15,15 @@ from compute.filtersets import (
     TemplateFilterSet,
     VirtualMachineFilterSet,
 )
-from compute.models import Device, Host, Image, PlacementGroup, Template, VirtualMachine
+from compute.models import (
+    CapacityGuarantee,
+    Device,
+    Host,
+    Image,
+    PlacementGroup,
+    Template,
+    VirtualMachine,
+)
 from controlplane.api.serializers import OperationSerializer
 from controlplane.api.viewsets import (
     KumoViewMixin,
@@ -25,7 +33,7 @@ from controlplane.api.viewsets import (
 )
 from controlplane.errors import InvalidInput, NotFound, PermissionDenied
 from network.models import FixedIp, Network, Port
-from tenants.models import SSHKey
+from tenants.models import Project, SSHKey
 
 # --- a project's VMs, images and placement groups ------------------------------------------------
 
@@ -201,6 +209,21 @@ class PlacementGroupViewSet(
         services.placement_group_delete(group=instance)
 
 
+class ReclamationViewSet(ProjectScopedViewSet):
+    """Reclamation as it concerns the project: its guaranteed minimum of GPUs (spot
+    preemption never takes its use below it), the thresholds in force (idle, expiry), and
+    every step announced for its VMs with the time it will happen."""
+
+    model = Project
+    pagination_class = None  # one report: neither paged nor filtered
+    filter_backends = []
+
+    @extend_schema(responses=s.ReclamationReportSerializer)
+    def list(self, request, *args, **kwargs):
+        report = services.reclamation_report(self.project)
+        return Response(s.ReclamationReportSerializer(report).data)
+
+
 # --- templates: everyone reads them, operators write them ---------------------------------------
 
 
@@ -321,6 +344,30 @@ class OperatorDeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Op
     serializer_class = s.DeviceSerializer
     filterset_class = DeviceFilterSet
     ordering_fields = ["host__name", "pci_address"]
+
+
+class OperatorCapacityGuaranteeViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet
+):
+    """Projects' guaranteed minimums of GPUs (mdx's Rmin). ``PUT …/{project}/`` sets one
+    (0 removes the guarantee); spot preemption never takes a project's use below it."""
+
+    queryset = CapacityGuarantee.objects.select_related("project")
+    serializer_class = s.CapacityGuaranteeSerializer
+    lookup_field = "project__slug"
+    lookup_url_kwarg = "project"
+    ordering_fields = ["min_gpus"]
+    audit_object_type = "compute.capacityguarantee"
+
+    @extend_schema(request=s.CapacityGuaranteeSerializer, responses=s.CapacityGuaranteeSerializer)
+    def update(self, request, project=None):
+        data = s.CapacityGuaranteeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        target = Project.objects.filter(slug=project).first()
+        if target is None:
+            raise NotFound(f"no project {project!r}")
+        guarantee = services.guarantee_set(project=target, min_gpus=data.validated_data["min_gpus"])
+        return Response(s.CapacityGuaranteeSerializer(guarantee).data)
 
 
 class OperatorVirtualMachineViewSet(

@@ -13,6 +13,7 @@ code without Django.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import enum
 import ipaddress
 import re
@@ -93,12 +94,16 @@ class PciAddress:
 
 @dataclass(frozen=True)
 class DiskSpec:
-    """A block device backed by a file or block device already present on the host."""
+    """A block device backed by a file already present on the host or, with ``pool`` set,
+    by volume ``source`` of that libvirt storage pool (``<disk type='volume'>``). ``serial``
+    names the disk to the guest (``/dev/disk/by-id/virtio-<serial>``)."""
 
     source: str
     target_dev: str = "vda"
     format: str = "qcow2"
     read_only: bool = False
+    pool: str = ""
+    serial: str = ""
 
 
 class DeviceKind(enum.StrEnum):
@@ -271,6 +276,10 @@ class GuestState:
     vm_id: str
     generation: int
     power: PowerState
+    # CPU time the guest has used since it started, in ns (``list_guests`` reads it where
+    # the hypervisor tells; None elsewhere). Reclamation's idleness is its growth. An
+    # observation, not identity: left out of comparisons.
+    cpu_time_ns: int | None = dataclasses.field(default=None, compare=False)
 
 
 class HypervisorDriver(abc.ABC):

@@ -68,17 +68,31 @@ def meta_data(*, instance_id: str, hostname: str, ssh_keys: Sequence[str]) -> st
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def vendor_data(files: Mapping[str, str]) -> str:
+def vendor_data(
+    files: Mapping[str, str],
+    mounts: Sequence[Sequence[str]] = (),
+    private_files: Mapping[str, str] | None = None,
+) -> str:
     """Kumo's ``#cloud-config``: each of ``files`` (guest path: text) written at first boot
-    of this instance id, readable by everyone (they describe hardware, hold no secret)."""
-    if not files:
+    of this instance id, readable by everyone (they describe hardware, hold no secret), and
+    each of ``mounts`` ((source, mount point, fstype, options): the project's shared file
+    systems) in the guest's fstab and mounted. ``private_files`` are written readable by root
+    only (the guest's metadata token)."""
+    if not files and not mounts and not private_files:
         return ""
-    config = {
-        "write_files": [
+    config: dict = {}
+    if files:
+        config["write_files"] = [
             {"path": path, "content": content, "permissions": "0644", "owner": "root:root"}
             for path, content in sorted(files.items())
         ]
-    }
+    if private_files:
+        config.setdefault("write_files", []).extend(
+            {"path": path, "content": content, "permissions": "0600", "owner": "root:root"}
+            for path, content in sorted(private_files.items())
+        )
+    if mounts:
+        config["mounts"] = [[*mount, "0", "0"] for mount in mounts]
     return "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False)
 
 
@@ -112,11 +126,13 @@ def network_config(nics: Sequence[GuestNic]) -> str:
     return yaml.safe_dump({"version": 2, "ethernets": ethernets}, sort_keys=False)
 
 
-def _contents(instance_id, hostname, ssh_keys, user_data, files, nics) -> dict[str, str]:
+def _contents(
+    instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files=None
+) -> dict[str, str]:
     contents = {
         "meta-data": meta_data(instance_id=instance_id, hostname=hostname, ssh_keys=ssh_keys),
         "user-data": user_data,
-        "vendor-data": vendor_data(files or {}),
+        "vendor-data": vendor_data(files or {}, mounts, private_files),
         "network-config": network_config(nics),
     }
     return {name: text for name, text in contents.items() if text or name not in _OPTIONAL}
@@ -184,13 +200,17 @@ def write_seed(
     user_data: str = "",
     files: Mapping[str, str] | None = None,
     nics: Sequence[GuestNic] = (),
+    mounts: Sequence[Sequence[str]] = (),
+    private_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write the seed to ``path`` (its folder is made) and return the path. Idempotent: an
     existing seed with the same files (no more, no fewer) is left untouched; otherwise it is
     replaced atomically, so a guest never reads a half-written seed. ``nics`` become its
-    ``network-config``."""
+    ``network-config``; ``mounts`` go into its vendor data."""
     path = Path(path)
-    contents = _contents(instance_id, hostname, ssh_keys, user_data, files, nics)
+    contents = _contents(
+        instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files
+    )
     if path.exists() and _same(path, contents):
         return path
     data = _iso(contents)

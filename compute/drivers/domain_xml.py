@@ -359,10 +359,17 @@ def build_domain_xml(
 
     devices = ET.SubElement(dom, "devices")
     for disk in spec.disks:
-        disk_el = ET.SubElement(devices, "disk", type="file", device="disk")
+        disk_el = ET.SubElement(
+            devices, "disk", type="volume" if disk.pool else "file", device="disk"
+        )
         ET.SubElement(disk_el, "driver", name="qemu", type=disk.format, cache="none")
-        ET.SubElement(disk_el, "source", file=disk.source)
+        if disk.pool:
+            ET.SubElement(disk_el, "source", pool=disk.pool, volume=disk.source)
+        else:
+            ET.SubElement(disk_el, "source", file=disk.source)
         ET.SubElement(disk_el, "target", dev=disk.target_dev, bus="virtio")
+        if disk.serial:
+            ET.SubElement(disk_el, "serial").text = disk.serial
         if disk.read_only:
             ET.SubElement(disk_el, "readonly")
     if spec.seed_iso:

@@ -84,6 +84,15 @@ def _call(what: str, fn: Callable[[], T]) -> T:
         raise cls(f"{what}: {exc}", code=code) from exc
 
 
+def _cpu_time(dom: libvirt.virDomain) -> int | None:
+    """The guest's CPU time in ns (``virDomainGetInfo``; 0 when shut off). libvirt's test
+    driver answers the wall clock for a running guest, so simulated guests look busy."""
+    try:
+        return int(dom.info()[4])
+    except libvirt.libvirtError:
+        return None
+
+
 def _int(text: str | None) -> int:
     """A number as libvirt writes it in XML: decimal, or hex with ``0x``."""
     if text is None:
@@ -216,6 +225,12 @@ class LibvirtDriver(HypervisorDriver):
     def simulated(self) -> bool:
         """True on libvirt's test driver, which runs no guest and reads no disk."""
         return self._domain_type == "test"
+
+    @property
+    def connection(self) -> libvirt.virConnect:
+        """The one connection of this driver, shared with the storage pool driver
+        (``storage.drivers.pools``): the test driver keeps pools per connection."""
+        return self._conn
 
     def close(self) -> None:
         try:
@@ -377,7 +392,9 @@ class LibvirtDriver(HypervisorDriver):
                 meta = domain_xml.parse_kumo_metadata(self._inactive_xml(dom))
                 if meta is None or dom.name() != domain_xml.domain_name(meta.vm_id):
                     continue
-                guests.append(GuestState(meta.vm_id, meta.generation, self._power(dom)))
+                guests.append(
+                    GuestState(meta.vm_id, meta.generation, self._power(dom), _cpu_time(dom))
+                )
             except GuestNotFound:
                 continue  # vanished between listing and reading
             except ValueError:

@@ -3,7 +3,9 @@
 - ``hosts``: heartbeats, liveness, operator labels and states, pings;
 - ``catalog``: templates, images and placement groups;
 - ``vms``: the VM life cycle (create, start, stop, reboot, delete) and pending placement;
-- ``reconcile``: what agents report (inventory, guests, observed state) and the drift work.
+- ``reconcile``: what agents report (inventory, guests, observed state) and the drift work;
+- ``spot``: preemption, eviction notices and the hand-over, guaranteed minimums;
+- ``reclaim``: reclamation of expired projects' and idle VMs.
 """
 
 from compute.services.catalog import (
@@ -22,6 +24,7 @@ from compute.services.hosts import (
     host_update,
     hosts_check,
 )
+from compute.services.reclaim import reclaim_run, reclamation_report
 from compute.services.reconcile import (
     guests_reported,
     host_guests_list,
@@ -29,6 +32,13 @@ from compute.services.reconcile import (
     vm_describe,
     vm_observed,
     vms_reap_stuck,
+)
+from compute.services.spot import (
+    eviction_acknowledge,
+    evictions_reap,
+    guarantee_set,
+    preempt_for,
+    vm_start_evicted,
 )
 from compute.services.vms import (
     vm_create,
@@ -41,6 +51,9 @@ from compute.services.vms import (
 
 __all__ = [
     "PING_TASK",
+    "eviction_acknowledge",
+    "evictions_reap",
+    "guarantee_set",
     "guests_reported",
     "host_guests_list",
     "host_heartbeat",
@@ -53,6 +66,9 @@ __all__ = [
     "inventory_reported",
     "placement_group_create",
     "placement_group_delete",
+    "preempt_for",
+    "reclaim_run",
+    "reclamation_report",
     "template_create",
     "template_update",
     "vm_create",
@@ -62,6 +78,7 @@ __all__ = [
     "vm_reboot",
     "vm_schedule_pending",
     "vm_start",
+    "vm_start_evicted",
     "vm_stop",
     "vms_reap_stuck",
 ]

@@ -25,8 +25,10 @@ def template_create(
     disk_gib: int = 40,
     spot_allowed: bool = True,
     description: str = "",
+    eviction_notice_s: int = 30,
 ) -> Template:
-    """A new VM size. GPU templates take 1, 2, 4 or 8 GPUs of one named model."""
+    """A new VM size. GPU templates take 1, 2, 4 or 8 GPUs of one named model; spot VMs of
+    it get ``eviction_notice_s`` of notice before eviction."""
     if gpus not in (0, 1, 2, 4, 8):
         raise InvalidInput.field("gpus", "must be 0, 1, 2, 4 or 8")
     if gpus and not gpu_model:
@@ -42,6 +44,7 @@ def template_create(
         disk_gib=disk_gib,
         spot_allowed=spot_allowed,
         description=description,
+        eviction_notice_s=eviction_notice_s,
     )
     audit.record("template.create", template, detail={"vcpus": vcpus, "gpus": gpus})
     return template

@@ -24,6 +24,7 @@ from compute.choices import DesiredPower, DeviceKind, PowerState, VmState, VmTas
 from compute.gpus import device_model
 from compute.models import Device, Host, OrphanGuest, VirtualMachine
 from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
+from compute.services import reclaim, spot
 from compute.services.vms import (
     current_operation,
     desired_power,
@@ -33,6 +34,7 @@ from compute.services.vms import (
 from controlplane import agents, audit
 from controlplane.errors import Conflict
 from controlplane.services import operation_create, operation_finish
+from tenants import usage
 
 log = logging.getLogger(__name__)
 
@@ -130,17 +132,17 @@ def _settle(vm: VirtualMachine, generation: int, power: str, now: datetime) -> d
         changes["applied_generation"] = generation
     if generation < vm.generation:
         return changes  # a newer change is on its way to the host
+    if vm.state == VmState.EVICTING:
+        # Evicting stays so, running out its notice or shut off, until every victim of its
+        # hand-over is off (``compute.services.spot.evictions_hand_over`` evicts them all).
+        return changes
     desired = desired_power(vm)
     if desired == DesiredPower.RUNNING and power == PowerState.RUNNING:
         changes.update(state=VmState.RUNNING, task_state=VmTask.NONE, state_reason="")
         if vm.launched_at is None:
             changes["launched_at"] = now
     elif desired == DesiredPower.STOPPED and power == PowerState.SHUTOFF:
-        changes.update(
-            state=VmState.EVICTED if vm.state == VmState.EVICTING else VmState.STOPPED,
-            task_state=VmTask.NONE,
-            state_reason="",
-        )
+        changes.update(state=VmState.STOPPED, task_state=VmTask.NONE, state_reason="")
     elif (
         vm.state == VmState.RUNNING
         and not vm.task_state
@@ -165,7 +167,11 @@ def _finish_operation(operation_id: str, *, vm: VirtualMachine, ok: bool, error:
 @transaction.atomic
 def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachine | None:
     """The outcome of one ``vm_apply``: the guest's generation and power, or the error the
-    host met. Moves the VM to the state it reached and finishes the operation."""
+    host met. Moves the VM to the state it reached and finishes the operation; an evicting
+    VM's guest found off may complete its hand-over (``spot.evictions_hand_over``).
+
+    Locks the reporting host's row, then the VM: the order of the guests report."""
+    host_row = Host.objects.select_for_update(no_key=True).filter(name=host).first()
     vm = (
         VirtualMachine.objects.select_for_update(of=("self",))
         .select_related("project", "host")
@@ -190,6 +196,7 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
         for k, v in changes.items():
             setattr(vm, k, v)
+        usage.vm_usage_sync(vm, at=now)
         audit.record("vm.host_error", vm, project=vm.project, detail={"error": error})
         log.warning("vm %s generation %d: host %s failed: %s", vm.pk, generation, host, error)
         _finish_operation(operation_id, vm=vm, ok=False, error=error)
@@ -204,12 +211,18 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
     for k, v in changes.items():
         setattr(vm, k, v)
     if vm.state != previous:
+        usage.vm_usage_sync(vm, at=now)
         audit.record(
             "vm.state",
             vm,
             project=vm.project,
             detail={"from": previous, "to": vm.state, "generation": generation},
         )
+    evicting = vm.state == VmState.EVICTING and spot.shut_off(vm)
+    if evicting and str(vm.pk) in spot.evictions_hand_over(host_row):
+        vm.refresh_from_db()
+        _finish_operation(operation_id, vm=vm, ok=True)
+        return vm
     if generation >= vm.generation and not vm.task_state and vm.state != VmState.PROVISIONING:
         _finish_operation(operation_id, vm=vm, ok=True)
     return vm
@@ -225,7 +238,9 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
     Returns what it did: ``reissued`` (VM ids sent their work again), ``settled`` (VMs
     whose state followed the observation), ``orphans_destroyed``.
     """
-    obj = Host.objects.select_for_update().filter(name=host).first()
+    # The host row, then its VMs by primary key: the lock order of every writer of a
+    # host's VMs (``compute.services.spot.evictions_hand_over``).
+    obj = Host.objects.select_for_update(no_key=True).filter(name=host).first()
     if obj is None or (obj.guests_reported_at and sent_at <= obj.guests_reported_at):
         return {"reissued": [], "settled": [], "orphans_destroyed": []}
     now = timezone.now()
@@ -239,6 +254,7 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
         .prefetch_related("devices")
         .filter(host=obj)
         .exclude(state__in=[VmState.DELETED, VmState.PENDING])
+        .order_by("pk")
     )
     accounted = set()
     for vm in vms:
@@ -257,14 +273,18 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
         behind = guest is None or guest["generation"] < vm.generation
         if guest is not None:
             changes = _settle(vm, guest["generation"], guest["power"], now)
+            changes.update(reclaim.cpu_observed(vm, guest.get("cpu_time_ns"), now))
             previous = vm.state
             VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
             for k, v in changes.items():
                 setattr(vm, k, v)
             if vm.state != previous:
+                usage.vm_usage_sync(vm, at=now)
                 done["settled"].append(vm_id)
                 if not vm.task_state:
                     _finish_operation(current_operation(vm), vm=vm, ok=True)
+            if vm.state == VmState.EVICTING and spot.shut_off(vm):
+                continue  # evicted below, with the rest of its hand-over
         if behind and now - vm.updated_at > grace:
             log.info(
                 "vm %s generation %d: drift on %s (%s); work sent again",
@@ -276,6 +296,8 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
             send_apply(vm, operation_id=current_operation(vm))
             done["reissued"].append(vm_id)
 
+    done["settled"].extend(spot.evictions_hand_over(obj))
+
     # Guests no live VM accounts for: orphans, destroyed once they have stayed so a while.
     orphans = {o.vm_id: o for o in OrphanGuest.objects.select_for_update().filter(host=obj)}
     for vm_id in set(reported) - accounted:
@@ -285,6 +307,10 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
             .exists()
         ):
             continue
+        if VirtualMachine.objects.filter(
+            pk=_uuid_or_none(vm_id), evicted_host=obj, state=VmState.EVICTED
+        ).exists():
+            continue  # an evicted VM's stopped guest: kept until it starts elsewhere
         orphan = orphans.get(vm_id) or OrphanGuest.objects.create(
             host=obj, vm_id=vm_id, first_seen_at=now
         )
@@ -340,6 +366,8 @@ def vms_reap_stuck(*, now: datetime | None = None) -> int:
             if vm.state == VmState.PROVISIONING:
                 changes["state"] = VmState.ERROR
             VirtualMachine.objects.filter(pk=pk).update(**changes)
+            vm.state = changes.get("state", vm.state)
+            usage.vm_usage_sync(vm, at=now)
             audit.record("vm.stuck", vm, project=vm.project, detail={"reason": reason})
             count += 1
     return count

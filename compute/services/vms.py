@@ -21,7 +21,7 @@ from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
-from tenants import quotas
+from tenants import quotas, usage
 from tenants.choices import ProjectStatus
 from tenants.models import Project
 
@@ -35,7 +35,7 @@ ACTIONS: dict[str, set[str]] = {
     VmState.STOPPED: {"start", "delete"},
     VmState.ERROR: {"delete"},
     VmState.EVICTING: {"delete"},
-    VmState.EVICTED: {"delete"},
+    VmState.EVICTED: {"start", "delete"},
     VmState.DELETING: set(),
     VmState.DELETED: set(),
 }
@@ -47,7 +47,12 @@ def desired_power(vm: VirtualMachine) -> str | None:
         return DesiredPower.ABSENT
     if vm.task_state in (VmTask.STARTING, VmTask.REBOOTING):
         return DesiredPower.RUNNING
-    if vm.task_state == VmTask.STOPPING or vm.state in (VmState.STOPPED, VmState.EVICTING):
+    if vm.state == VmState.EVICTING:
+        # The guest runs out its notice, then stops (``compute.services.spot``).
+        ended = vm.eviction_deadline is not None and vm.eviction_deadline <= timezone.now()
+        stop = vm.task_state == VmTask.STOPPING or ended
+        return DesiredPower.STOPPED if stop else DesiredPower.RUNNING
+    if vm.task_state == VmTask.STOPPING or vm.state == VmState.STOPPED:
         return DesiredPower.STOPPED
     if vm.state in (VmState.PROVISIONING, VmState.RUNNING):
         return DesiredPower.RUNNING
@@ -59,6 +64,13 @@ def interfaces(vm: VirtualMachine) -> tuple[InterfaceWire, ...]:
     from network.selectors import vm_interfaces
 
     return vm_interfaces(vm)
+
+
+def storage(vm: VirtualMachine) -> dict:
+    """The guest's attached volumes and the shares it mounts (``storage``)."""
+    from storage.selectors import vm_mounts, vm_volumes
+
+    return {"volumes": vm_volumes(vm), "mounts": vm_mounts(vm)}
 
 
 def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
@@ -95,9 +107,13 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
         ssh_keys=tuple(vm.ssh_keys),
         user_data=vm.user_data,
         reboot=vm.task_state == VmTask.REBOOTING,
-        graceful_timeout_s=settings.VM_STOP_GRACE_S,
+        graceful_timeout_s=settings.SPOT_STOP_GRACE_S
+        if vm.state == VmState.EVICTING
+        else settings.VM_STOP_GRACE_S,
         operation_id=operation_id,
         interfaces=interfaces(vm),
+        extra={"metadata": {"url": settings.METADATA_URL, "token": vm.metadata_token}},
+        **storage(vm),
     )
 
 
@@ -152,10 +168,12 @@ def _guard(vm: VirtualMachine, action: str) -> None:
 
 def _transition(vm: VirtualMachine, **changes) -> VirtualMachine:
     """Apply ``changes`` and bump the generation, if and only if nobody changed the VM since
-    it was read: the second of two racing actions gets 409."""
+    it was read: the second of two racing actions gets 409. The VM's usage intervals follow
+    its new state in the same transaction (``tenants.usage``), at the same instant."""
+    now = timezone.now()
     updated = VirtualMachine.objects.filter(
         pk=vm.pk, generation=vm.generation, state=vm.state, task_state=vm.task_state
-    ).update(**changes, generation=vm.generation + 1, updated_at=timezone.now())
+    ).update(**changes, generation=vm.generation + 1, updated_at=now)
     if not updated:
         current = VirtualMachine.objects.filter(pk=vm.pk).values("state", "task_state").first()
         state = current["state"] if current else VmState.DELETED
@@ -167,6 +185,7 @@ def _transition(vm: VirtualMachine, **changes) -> VirtualMachine:
     for name, value in changes.items():
         setattr(vm, name, value)
     vm.generation += 1
+    usage.vm_usage_sync(vm, at=now)
     return vm
 
 
@@ -259,6 +278,10 @@ def vm_create(
         vm.state_reason = e.reason[:500]
         vm.save(update_fields=["state_reason", "updated_at"])
         log.info("vm %s pending: %s", vm.pk, e.reason)
+        if priority == Priority.ON_DEMAND:
+            from compute.services import spot
+
+            spot.preempt_for(vm)  # room held by spot VMs: notices now, placed after
     audit.record(
         "vm.create",
         vm,
@@ -303,22 +326,30 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
     placed in its own transaction, so one failure holds up no other."""
     placed = 0
-    pending = VirtualMachine.objects.filter(state=VmState.PENDING).order_by("created_at")
+    # On-demand first ("on_demand" sorts before "spot"): spot runs on what nobody else needs.
+    # A VM waiting for spot evictions (``reserved_host``) is placed by the hand-over.
+    pending = VirtualMachine.objects.filter(
+        state=VmState.PENDING, reserved_host__isnull=True
+    ).order_by("priority", "created_at")
     for pk in list(pending.values_list("pk", flat=True)[:limit]):
         with transaction.atomic():
             vm = (
                 VirtualMachine.objects.select_for_update(skip_locked=True, of=("self",))
                 .select_related("project", "image", "placement_group")
-                .filter(pk=pk, state=VmState.PENDING)
+                .filter(pk=pk, state=VmState.PENDING, reserved_host__isnull=True)
                 .first()
             )
             if vm is None:
-                continue
+                continue  # placed, deleted, or now waiting for evictions meanwhile
             try:
                 _place(vm)
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
+                if vm.priority == Priority.ON_DEMAND:
+                    from compute.services import spot
+
+                    spot.preempt_for(vm)
                 continue
             audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
             send_apply(vm, operation_id=current_operation(vm))
@@ -340,8 +371,13 @@ def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMach
 
 @transaction.atomic
 def vm_start(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
-    """stopped → running (task ``starting`` until the host reports it running)."""
+    """stopped → running (task ``starting`` until the host reports it running); an evicted
+    spot VM claims room again (``compute.services.spot.vm_start_evicted``)."""
     _require_active(vm.project)
+    if vm.state == VmState.EVICTED:
+        from compute.services import spot
+
+        return spot.vm_start_evicted(vm=vm, actor=actor)
     return _act(vm, "start", actor, task_state=VmTask.STARTING)
 
 
@@ -369,6 +405,9 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
     # The ports go now, not when the guest is gone: its NAT and forwards stop at once and
     # its tap leaves the bridge, so nothing reaches it while its host tears it down.
     network.ports_release(vm)
+    from storage import services as storage
+
+    storage.volumes_release(vm)
     if vm.host_id is None:
         vm = _transition(
             vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()
@@ -393,11 +432,13 @@ def vm_finish_delete(vm: VirtualMachine) -> None:
     """deleting → deleted, giving back the host's capacity and the VM's GPUs. Call inside
     the transaction holding the VM's row lock."""
     placement.release(vm)
+    now = timezone.now()
     VirtualMachine.objects.filter(pk=vm.pk).update(
         state=VmState.DELETED,
         task_state=VmTask.NONE,
-        deleted_at=timezone.now(),
-        updated_at=timezone.now(),
+        deleted_at=now,
+        updated_at=now,
     )
     vm.state = VmState.DELETED
+    usage.vm_usage_sync(vm, at=now)
     audit.record("vm.deleted", vm, project=vm.project)

@@ -9,6 +9,7 @@ HOST_TASK_MODULES = [
     "controlplane.agent.tasks",
     "compute.host_tasks",
     "network.host_tasks",
+    "storage.host_tasks",
 ]
 
 # Periodic reports: (function path, the AgentConfig field with its interval in seconds).

@@ -79,7 +79,7 @@ class WebhookSerializer(serializers.ModelSerializer):
 class WebhookCreateSerializer(serializers.Serializer):
     url = serializers.URLField(max_length=500, help_text="http(s) URL the events are POSTed to")
     kinds = serializers.ListField(
-        child=fields.CharField(max_length=64),
+        child=fields.CharField(min_length=1, max_length=64),
         required=False,
         default=list,
         max_length=32,

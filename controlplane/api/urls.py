@@ -9,7 +9,9 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
+from compute.api.metadata import SpotAcknowledgeView, SpotInstanceActionView
 from compute.api.views import (
+    OperatorCapacityGuaranteeViewSet,
     OperatorDeviceViewSet,
     OperatorHostViewSet,
     OperatorImageViewSet,
@@ -17,6 +19,7 @@ from compute.api.views import (
     OperatorVirtualMachineViewSet,
     PlacementGroupViewSet,
     ProjectImageViewSet,
+    ReclamationViewSet,
     TemplateViewSet,
     VirtualMachineViewSet,
 )
@@ -41,6 +44,16 @@ from network.api.views import (
     SecurityGroupViewSet,
     SubnetViewSet,
 )
+from storage.api.views import (
+    AccessKeyViewSet,
+    BucketViewSet,
+    OperatorBucketViewSet,
+    OperatorShareViewSet,
+    OperatorVolumeViewSet,
+    ShareViewSet,
+    VolumeViewSet,
+)
+from tenants.api import billing as billing_api
 from tenants.api.views import (
     ApiTokenViewSet,
     LoginView,
@@ -77,6 +90,9 @@ project_router.register(f"{PROJECT}/images", ProjectImageViewSet, basename="proj
 project_router.register(
     f"{PROJECT}/placement-groups", PlacementGroupViewSet, basename="project-placementgroup"
 )
+project_router.register(
+    f"{PROJECT}/reclamation", ReclamationViewSet, basename="project-reclamation"
+)
 for prefix, viewset, basename in [
     ("networks", NetworkViewSet, "project-network"),
     ("subnets", SubnetViewSet, "project-subnet"),
@@ -86,6 +102,10 @@ for prefix, viewset, basename in [
     ("global-ips", GlobalIpViewSet, "project-globalip"),
     ("port-forwards", PortForwardViewSet, "project-portforward"),
     ("external-connections", ExternalConnectionViewSet, "project-externalconnection"),
+    ("volumes", VolumeViewSet, "project-volume"),
+    ("shares", ShareViewSet, "project-share"),
+    ("buckets", BucketViewSet, "project-bucket"),
+    ("access-keys", AccessKeyViewSet, "project-accesskey"),
 ]:
     project_router.register(f"{PROJECT}/{prefix}", viewset, basename=basename)
 
@@ -99,6 +119,11 @@ admin_router.register("admin/templates", OperatorTemplateViewSet, basename="admi
 admin_router.register("admin/images", OperatorImageViewSet, basename="admin-image")
 admin_router.register("admin/vms", OperatorVirtualMachineViewSet, basename="admin-vm")
 admin_router.register(
+    "admin/capacity-guarantees",
+    OperatorCapacityGuaranteeViewSet,
+    basename="admin-capacityguarantee",
+)
+admin_router.register(
     "admin/global-ip-pools", OperatorGlobalIpPoolViewSet, basename="admin-globalippool"
 )
 admin_router.register(
@@ -109,11 +134,38 @@ admin_router.register(
 admin_router.register(
     "admin/host-networks", OperatorHostNetworkViewSet, basename="admin-hostnetwork"
 )
+admin_router.register("admin/volumes", OperatorVolumeViewSet, basename="admin-volume")
+admin_router.register("admin/shares", OperatorShareViewSet, basename="admin-share")
+admin_router.register("admin/buckets", OperatorBucketViewSet, basename="admin-bucket")
+
+# Billing (tenants): a project's usage, invoices, budgets, points and forecast; operators'
+# rate cards, invoices and points.
+for prefix, viewset, basename in [
+    ("usage-records", billing_api.UsageRecordViewSet, "project-usagerecord"),
+    ("invoices", billing_api.InvoiceViewSet, "project-invoice"),
+    ("budgets", billing_api.BudgetViewSet, "project-budget"),
+    ("points", billing_api.PointsEntryViewSet, "project-pointsentry"),
+    ("forecast", billing_api.ForecastViewSet, "project-forecast"),
+]:
+    project_router.register(f"{PROJECT}/{prefix}", viewset, basename=basename)
+admin_router.register("admin/rate-cards", billing_api.OperatorRateCardViewSet, "admin-ratecard")
+admin_router.register("admin/invoices", billing_api.OperatorInvoiceViewSet, "admin-invoice")
+admin_router.register("admin/points", billing_api.OperatorPointsViewSet, "admin-pointsentry")
 
 urlpatterns = [
     path("auth/login/", LoginView.as_view(), name="login"),
     path("auth/logout/", LogoutView.as_view(), name="logout"),
     path("user/", MeView.as_view(), name="me"),
+    path(
+        "metadata/spot/instance-action",
+        SpotInstanceActionView.as_view(),
+        name="metadata-spot-instance-action",
+    ),
+    path(
+        "metadata/spot/acknowledge",
+        SpotAcknowledgeView.as_view(),
+        name="metadata-spot-acknowledge",
+    ),
     path("", include(project_router.urls)),
     path("", include(admin_router.urls)),
     path("", include(user_router.urls)),

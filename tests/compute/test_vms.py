@@ -160,7 +160,7 @@ def test_usage_is_one_query_per_app_and_counts_what_holds_capacity(
     deleted = make_vm(project, name="gone", template=make_template(gpus=0, name="cpu-x"))
     services.vm_delete(vm=fresh(deleted))  # placed: deleting until the host answers
     report(fresh(deleted), "absent")
-    with django_assert_num_queries(2):  # compute's aggregate, network's
+    with django_assert_num_queries(3):  # compute's aggregate, network's, storage's
         used = tenant_quotas.usage(project)
     assert used["vms"] == 1 and used["gpus"] == 2
     assert used["vcpus"] == template.vcpus and used["memory_gib"] == template.memory_gib

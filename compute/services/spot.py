@@ -1,0 +1,611 @@
+"""Spot VMs: preemption for on-demand requests, eviction notices, the hand-over, restart.
+
+The life of an eviction, every step a conditional update through
+``compute.services.vms._transition`` (so whatever follows VM states, billing included,
+sees each one), and every step in the database, so a restarted controller carries on:
+
+1. ``preempt_for(vm)``: an on-demand VM that placement could not fit asks
+   ``compute.preemption`` for the best victims on one host. Each victim moves to
+   ``evicting`` with ``eviction_deadline`` = now + its template's ``eviction_notice_s``
+   (an event ``vm.eviction_notice`` tells its project, webhooks and the guest's metadata
+   endpoint); the on-demand VM stays ``pending`` with ``reserved_host`` set, which keeps the
+   periodic placement from placing it elsewhere meanwhile.
+2. While the notice runs the guest keeps running. When the deadline passes
+   (``evictions_reap``, run by beat) or the guest acknowledges early
+   (``eviction_acknowledge``), the victim's task becomes ``stopping`` and its host is told to
+   stop it (forced off after ``KUMO_SPOT_STOP_GRACE_S``).
+3. ``evictions_hand_over``: when the host reports a victim shut off at its current
+   generation (its ``vm_apply`` answer, or its periodic guests report) and every victim of
+   the same hand-over is shut off too, one transaction releases their capacity and GPUs,
+   moves them to ``evicted`` and claims the freed room for the waiting VM on that host. A
+   victim holds its GPUs until its host reported its guest stopped, and the waiting VM gets
+   them in the same transaction: a GPU never has two owners, and nothing else can take the
+   room in between. Until then a report only records the guest's power: an evicting VM
+   stays evicting whatever its guest does.
+
+Locks: the host row first, then its VMs by primary key, in every transaction that locks
+more than one VM of a host (the guests report, a ``vm_apply`` report, ``preempt_for``).
+4. An evicted VM holds nothing (no host, no GPUs, no quota). ``vm_start_evicted`` claims
+   its quota again and makes it pending; it is placed when capacity returns.
+
+Guaranteed minimums (mdx's Rmin, ``CapacityGuarantee.min_gpus``): a project's GPU VMs count
+towards its minimum on-demand first, then spot oldest first; its spot VMs within the
+minimum are never victims. Its on-demand requests are never victims either (no on-demand
+VM is), so a project's use up to its minimum is never taken by preemption, and its
+on-demand requests get capacity by evicting other projects' unprotected spot VMs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import FloatField, Func, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from compute import placement
+from compute.choices import PowerState, Priority, VmState, VmTask
+from compute.models import CapacityGuarantee, Host, VirtualMachine
+from compute.preemption import Candidate, Preemption, choose_victims
+from compute.scheduler import NoValidHost
+from compute.services.vms import (
+    _guard,
+    _open_operation,
+    _place,
+    _require_active,
+    _transition,
+    current_operation,
+    send_apply,
+)
+from controlplane import audit, events
+from controlplane.errors import Conflict, NotFound
+from controlplane.models import Operation
+from tenants import quotas
+
+log = logging.getLogger(__name__)
+
+# The states of a spot VM that can be evicted (no action in flight).
+EVICTABLE = [VmState.RUNNING, VmState.STOPPED]
+# States whose GPUs count towards a project's guaranteed minimum.
+GPU_HOLDING = [VmState.PROVISIONING, VmState.RUNNING, VmState.STOPPED, VmState.ERROR]
+
+
+# --- guaranteed minimums --------------------------------------------------------------------
+
+
+def protected_spot_vms() -> set:
+    """Ids of the spot VMs guaranteed minimums protect: per project with a minimum, its
+    GPU VMs counted on-demand first, then spot oldest first, while they stay within it.
+    Reads a project's spot VMs only while its minimum has room left, a page at a time."""
+    holding = VirtualMachine.objects.filter(gpus__gt=0, state__in=GPU_HOLDING)
+    on_demand = (
+        holding.filter(project_id=OuterRef("project_id"), priority=Priority.ON_DEMAND)
+        .order_by()
+        .values("project_id")
+        .annotate(gpus=Sum("gpus"))
+        .values("gpus")
+    )
+    minimums = {
+        project_id: minimum - used
+        for project_id, minimum, used in CapacityGuarantee.objects.filter(min_gpus__gt=0)
+        .annotate(used=Coalesce(Subquery(on_demand), 0))
+        .values_list("project_id", "min_gpus", "used")
+    }
+    protected = set()
+    for project_id, left in minimums.items():
+        spot = (
+            holding.filter(project_id=project_id, priority=Priority.SPOT, gpus__lte=left)
+            .order_by("created_at", "pk")
+            .values_list("pk", "gpus")
+        )
+        offset = 0
+        while left > 0:
+            page = list(spot[offset : offset + 100])
+            for pk, gpus in page:
+                if gpus <= left:
+                    left -= gpus
+                    protected.add(pk)
+            if len(page) < 100:
+                break
+            offset += 100
+    return protected
+
+
+def guarantee_set(*, project, min_gpus: int) -> CapacityGuarantee:
+    """Set ``project``'s guaranteed minimum (operators); 0 removes it."""
+    with transaction.atomic():
+        current = CapacityGuarantee.objects.select_for_update().filter(project=project).first()
+        before = current.min_gpus if current else 0
+        if current is None:
+            current = CapacityGuarantee(project=project)
+        current.min_gpus = min_gpus
+        current.save()
+        if before != min_gpus:
+            audit.record(
+                "capacity_guarantee.update",
+                current,
+                project=project,
+                detail={"min_gpus": {"from": before, "to": min_gpus}},
+            )
+        return current
+
+
+# --- deciding -------------------------------------------------------------------------------
+
+
+class _Epoch(Func):
+    """A timestamp as seconds since 1970, a float (cheaper to load than a datetime)."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self.as_sql(
+            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8"
+        )
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(
+            compiler, connection, template="(julianday(%(expressions)s) - 2440587.5) * 86400.0"
+        )
+
+
+# How far before the last read each update of the index reads changed spot VMs again: a
+# transaction that stamped ``updated_at`` before that read but committed after it is seen.
+SYNC_SLACK = timedelta(seconds=2)
+# How many times ``preempt_for`` decides again after a victim turned out to have changed.
+DECIDE_ATTEMPTS = 3
+
+
+class _EvictableIndex:
+    """This process's evictable spot VMs (running or stopped, no action in flight, on a
+    host) by host, as the decision reads them, so that a decision reads no more than what
+    changed: loaded whole every ``KUMO_SCHEDULER_VIEW_TTL_S``, and brought up to date
+    before each decision with the spot VMs whose ``updated_at`` is at most ``SYNC_SLACK``
+    before the last read. It may still be stale (a deleted row, a very late commit): a
+    victim that is no longer evictable fails the locked re-check in ``preempt_for``, which
+    reads its host again here and decides again."""
+
+    _COLUMNS = (
+        "pk",
+        "host_id",
+        "numa_cell",
+        "gpus",
+        "gpu_model",
+        "vcpus",
+        "memory_mib",
+        "state",
+        "task_state",
+    )
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Forget everything: the next decision reads every evictable spot VM again."""
+        self.hosts: dict[int, dict[str, Candidate]] = {}
+        self.where: dict[str, int] = {}  # vm id -> host id
+        self.model: dict[str, str] = {}  # vm id -> GPU model
+        # Per host, its candidates as a tuple and their GPU models, rebuilt when it changed.
+        self.lists: dict[int, tuple[tuple[Candidate, ...], frozenset]] = {}
+        self.read_at: datetime | None = None
+        self.loaded_at = 0.0
+
+    def _read(self, qs) -> None:
+        rows = qs.values_list(*self._COLUMNS, _Epoch("created_at")).order_by()
+        for pk, host_id, cell, gpus, model, vcpus, memory, state, task, started in rows:
+            vm_id = str(pk)
+            before = self.where.pop(vm_id, None)
+            if before is not None:
+                self.hosts[before].pop(vm_id, None)
+                self.lists.pop(before, None)
+            self.model.pop(vm_id, None)
+            if state in EVICTABLE and not task and host_id is not None:
+                cell = cell if gpus else None
+                cand = Candidate(vm_id, host_id, gpus, vcpus, memory, started, cell)
+                self.hosts.setdefault(host_id, {})[vm_id] = cand
+                self.where[vm_id] = host_id
+                self.lists.pop(host_id, None)
+                if gpus:
+                    self.model[vm_id] = model
+
+    def sync(self) -> None:
+        """Read what changed since the last read (or everything, when the TTL is over)."""
+        now = timezone.now()
+        spot = VirtualMachine.objects.filter(priority=Priority.SPOT)
+        expired = time.monotonic() - self.loaded_at > settings.SCHEDULER_VIEW_TTL_S
+        if self.read_at is None or expired:
+            self.invalidate()
+            self.loaded_at = time.monotonic()
+            self._read(spot.filter(state__in=EVICTABLE, task_state=VmTask.NONE, host__isnull=False))
+        else:
+            self._read(spot.filter(updated_at__gte=self.read_at - SYNC_SLACK))
+        self.read_at = now
+
+    def refresh_host(self, host_id: int) -> None:
+        """Read ``host_id``'s evictable spot VMs again, whole."""
+        for vm_id in self.hosts.pop(host_id, {}):
+            self.where.pop(vm_id, None)
+            self.model.pop(vm_id, None)
+        self.lists.pop(host_id, None)
+        self._read(
+            VirtualMachine.objects.filter(
+                priority=Priority.SPOT,
+                host_id=host_id,
+                state__in=EVICTABLE,
+                task_state=VmTask.NONE,
+            )
+        )
+
+    def _lists(self) -> dict[int, tuple[tuple[Candidate, ...], frozenset]]:
+        for host_id, vms in self.hosts.items():
+            if host_id not in self.lists:
+                cands = tuple(vms.values())
+                models = frozenset(self.model[c.vm_id] for c in cands if c.gpus)
+                self.lists[host_id] = (cands, models)
+        return self.lists
+
+    def candidates(self, req, protected: set, hosts) -> dict[int, Sequence[Candidate]]:
+        """The candidates for ``req`` on ``hosts`` (the scheduler's views of the hosts that
+        are up, by id): for a GPU request those holding GPUs of its model and the CPU-only
+        ones beside them, for a CPU request the CPU-only; never a ``protected`` one. Only
+        the hosts holding a protected VM or GPUs of several models are filtered one by one."""
+        touched = {self.where[vm_id] for vm_id in protected if vm_id in self.where}
+        found: dict[int, Sequence[Candidate]] = {}
+        for host_id, (cands, models) in self._lists().items():
+            view = hosts.get(host_id)
+            if view is None or not cands:
+                continue
+            if not req.gpus:
+                cands = [c for c in cands if not c.gpus]
+            elif req.gpu_model:
+                if view.gpu_model != req.gpu_model:
+                    continue  # no GPU of that model there: the request cannot fit
+                if models - {req.gpu_model}:
+                    cands = [c for c in cands if not c.gpus or self.model[c.vm_id] == req.gpu_model]
+            if host_id in touched:
+                cands = [c for c in cands if c.vm_id not in protected]
+            if cands:
+                found[host_id] = cands
+        return found
+
+
+index = _EvictableIndex()
+
+
+def decide(vm: VirtualMachine) -> Preemption | None:
+    """The preemption that would make room for ``vm`` now (no writes), over the scheduler's
+    view and this process's index of evictable spot VMs, brought up to date first."""
+    req = placement.request_for(vm)
+    protected = {str(pk) for pk in protected_spot_vms()}
+    with index.lock:
+        index.sync()
+        with placement.view.lock:
+            known = placement.view.get().hosts
+            candidates = index.candidates(req, protected, known)
+            return choose_victims((known[h] for h in candidates), candidates, req)
+
+
+# --- notices --------------------------------------------------------------------------------
+
+
+def preempt_for(vm: VirtualMachine) -> Preemption | None:
+    """Give eviction notices to the spot VMs whose removal makes room for the on-demand
+    ``vm`` (pending, placement having found nothing), in the caller's transaction; returns
+    the decision, or ``None`` when no eviction helps. A victim that changed meanwhile (the
+    index was stale) makes it read that host again and decide again, ``DECIDE_ATTEMPTS``
+    times in all; then the periodic placement tries again."""
+    if vm.priority != Priority.ON_DEMAND or vm.state != VmState.PENDING or vm.reserved_host_id:
+        return None
+    for _attempt in range(DECIDE_ATTEMPTS):
+        decision = decide(vm)
+        if decision is None:
+            return None
+        now = timezone.now()
+        try:
+            with transaction.atomic():
+                victims = _lock_victims(decision)
+                deadlines = [_notify(victim, vm, now) for victim in victims]
+            break
+        except Conflict as e:
+            log.info("vm %s: preemption on %s abandoned: %s", vm.pk, decision.host_name, e)
+            with index.lock:
+                index.refresh_host(decision.host_id)
+            with placement.view.lock:
+                placement.view.refresh_host(decision.host_id)
+    else:
+        return None
+    deadline = max(deadlines)
+    reason = (
+        f"waiting for {len(victims)} spot VM(s) on {decision.host_name} to be evicted "
+        f"(notice ends {deadline.isoformat()})"
+    )
+    VirtualMachine.objects.filter(pk=vm.pk).update(
+        reserved_host_id=decision.host_id, state_reason=reason, updated_at=now
+    )
+    vm.reserved_host_id, vm.state_reason = decision.host_id, reason
+    audit.record(
+        "vm.preempt",
+        vm,
+        project=vm.project,
+        detail={
+            "host": decision.host_name,
+            "victims": list(decision.victims),
+            "deadline": deadline.isoformat(),
+        },
+    )
+    # The victims may be other projects': this project learns how many, not which.
+    events.emit(
+        "vm.preempting",
+        project=vm.project,
+        message=f"vm {vm.name}: {reason}",
+        obj=vm,
+        payload={
+            "host": decision.host_name,
+            "victims": len(victims),
+            "deadline": deadline.isoformat(),
+        },
+    )
+    log.info("vm %s: evicting %s on %s", vm.pk, list(decision.victims), decision.host_name)
+    return decision
+
+
+def _lock_victims(decision: Preemption) -> list[VirtualMachine]:
+    """The victims' rows, locked, if each is still an evictable spot VM on the host;
+    raises ``Conflict`` otherwise. The host's row first, then the VMs by primary key: the
+    order of every writer of a host's VMs (``evictions_hand_over``)."""
+    Host.objects.select_for_update(no_key=True).filter(pk=decision.host_id).exists()
+    victims = list(
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "template", "host")
+        .filter(
+            pk__in=decision.victims,
+            host_id=decision.host_id,
+            priority=Priority.SPOT,
+            state__in=EVICTABLE,
+            task_state=VmTask.NONE,
+        )
+        .order_by("pk")
+    )
+    if len(victims) != len(decision.victims):
+        raise Conflict("a victim changed while the preemption was decided")
+    return victims
+
+
+def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> datetime:
+    """One victim's notice: evicting, with its deadline (a stopped one has no notice)."""
+    running = victim.state == VmState.RUNNING
+    deadline = now + timedelta(seconds=victim.template.eviction_notice_s if running else 0)
+    _transition(
+        victim,
+        state=VmState.EVICTING,
+        task_state=VmTask.NONE if running else VmTask.STOPPING,
+        eviction_notice_at=now,
+        eviction_deadline=deadline,
+        eviction_acknowledged_at=None,
+        evicted_for=waiter,
+        state_reason=f"spot capacity reclaimed for an on-demand VM; stops at {deadline:%H:%M:%S}",
+    )
+    detail = {"deadline": deadline.isoformat(), "host": victim.host.name, "for": str(waiter.pk)}
+    audit.record("vm.eviction_notice", victim, project=victim.project, detail=detail)
+    events.emit(
+        "vm.eviction_notice",
+        project=victim.project,
+        message=f"spot vm {victim.name} will be stopped at {deadline.isoformat()} "
+        "to make room for an on-demand VM",
+        obj=victim,
+        payload={"action": "stop", "time": deadline.isoformat(), "vm": str(victim.pk)},
+    )
+    if not running:
+        send_apply(victim, operation_id=current_operation(victim))
+    return deadline
+
+
+def _stop_now(vm: VirtualMachine, *, why: str) -> None:
+    """The notice is over: ask the host to stop the guest."""
+    _transition(vm, task_state=VmTask.STOPPING)
+    audit.record("vm.eviction_stop", vm, project=vm.project, detail={"why": why})
+    send_apply(vm, operation_id=current_operation(vm))
+
+
+@transaction.atomic
+def eviction_acknowledge(*, vm: VirtualMachine) -> VirtualMachine:
+    """The guest says it is ready ("checkpoint done, take it now"): the notice ends at once.
+    Repeating it changes nothing; a VM with no notice answers ``NotFound``."""
+    vm = (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "host", "image")
+        .get(pk=vm.pk)
+    )
+    if vm.state != VmState.EVICTING:
+        raise NotFound("no eviction notice for this VM")
+    if vm.task_state == VmTask.NONE:
+        now = timezone.now()
+        _transition(
+            vm,
+            eviction_acknowledged_at=now,
+            eviction_deadline=min(vm.eviction_deadline or now, now),
+        )
+        _stop_now(vm, why="acknowledged by the guest")
+    return vm
+
+
+def evictions_reap(*, now: datetime | None = None) -> int:
+    """Beat's pass: every victim whose notice has ended is stopped; a waiting VM whose
+    victims are all gone (deleted, or the hand-over failed) goes back to plain pending.
+    Returns how many victims were told to stop. All of it is read from the database, so
+    a controller restarted mid-notice carries on where it was."""
+    now = now or timezone.now()
+    due = VirtualMachine.objects.filter(
+        state=VmState.EVICTING, task_state=VmTask.NONE, eviction_deadline__lte=now
+    ).values_list("pk", flat=True)
+    count = 0
+    for pk in list(due):
+        with transaction.atomic():
+            vm = (
+                VirtualMachine.objects.select_for_update(of=("self",), skip_locked=True)
+                .select_related("project", "host", "image")
+                .filter(pk=pk, state=VmState.EVICTING, task_state=VmTask.NONE)
+                .first()
+            )
+            if vm is None:
+                continue
+            _stop_now(vm, why="notice ended")
+            count += 1
+    orphaned = VirtualMachine.objects.filter(
+        state=VmState.PENDING, reserved_host__isnull=False
+    ).exclude(pk__in=VirtualMachine.objects.filter(state=VmState.EVICTING).values("evicted_for"))
+    for pk in list(orphaned.values_list("pk", flat=True)):
+        VirtualMachine.objects.filter(pk=pk, state=VmState.PENDING).update(
+            reserved_host=None, state_reason="the evictions for this VM ended; waiting for room"
+        )
+    return count
+
+
+# --- the hand-over --------------------------------------------------------------------------
+
+
+def evictions_hand_over(host: Host) -> list[str]:
+    """Called with ``host``'s row locked (the guests report, a ``vm_apply`` report): every
+    hand-over on it whose victims are all shut off at their generation happens now, in this
+    transaction: the victims are evicted and the waiting VM placed in the room they free.
+    Returns the ids of the VMs evicted.
+
+    The lock order, the same as the guests report's: the host row, then its VMs by primary
+    key. Every transaction that locks more than one VM of a host holds the host's row first
+    (``preempt_for`` too), so none of them can wait for another in a cycle."""
+    victims = list(
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project")
+        .filter(host_id=host.pk, state=VmState.EVICTING)
+        .order_by("pk")
+    )
+    hand_overs: dict = {}
+    for victim in victims:
+        # A victim whose waiter was deleted meanwhile is its own hand-over.
+        hand_overs.setdefault(victim.evicted_for_id or victim.pk, []).append(victim)
+    evicted: list[str] = []
+    for group in hand_overs.values():
+        if not all(shut_off(v) for v in group):
+            continue
+        waiter_id = group[0].evicted_for_id
+        _evict(group, host)
+        evicted.extend(str(v.pk) for v in group)
+        if waiter_id is not None:
+            _place_waiter(waiter_id, host.pk)
+    return evicted
+
+
+def _evict(victims: list[VirtualMachine], host: Host) -> None:
+    """Release what ``victims`` hold on ``host`` and move them to evicted."""
+    now = timezone.now()
+    for victim in victims:
+        placement.release(victim)
+        _transition(
+            victim,
+            state=VmState.EVICTED,
+            task_state=VmTask.NONE,
+            host=None,
+            numa_cell=None,
+            rack="",
+            evicted_at=now,
+            evicted_host=host,
+            evicted_for=None,
+            state_reason=f"evicted from {host.name} at {now.isoformat()}",
+        )
+        audit.record("vm.evicted", victim, project=victim.project, detail={"host": host.name})
+        events.emit(
+            "vm.evicted",
+            project=victim.project,
+            message=f"spot vm {victim.name} was evicted; start it again when capacity returns",
+            obj=victim,
+            payload={"vm": str(victim.pk), "evicted_at": now.isoformat(), "host": host.name},
+        )
+        log.info("vm %s generation %d: evicted from %s", victim.pk, victim.generation, host.name)
+
+
+def shut_off(vm: VirtualMachine) -> bool:
+    """Whether ``vm``'s host reported its guest shut off at its current generation."""
+    return vm.power_state == PowerState.SHUTOFF and vm.applied_generation >= vm.generation
+
+
+def _place_waiter(waiter_id, host_id: int) -> None:
+    waiter = (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "image", "placement_group")
+        .filter(pk=waiter_id, state=VmState.PENDING, reserved_host_id=host_id)
+        .first()
+    )
+    if waiter is None:
+        return  # deleted meanwhile: the room is simply free
+    try:
+        with transaction.atomic():
+            placement.place_on(waiter, host_id)
+            from network import services as network
+
+            network.ports_bind(waiter)
+    except (NoValidHost, placement.ClaimConflict) as e:
+        reason = f"the room freed on its host was not enough ({e}); waiting for room"
+        VirtualMachine.objects.filter(pk=waiter.pk).update(
+            reserved_host=None, state_reason=reason[:500]
+        )
+        log.warning("vm %s: hand-over on host %s failed: %s", waiter.pk, host_id, e)
+        return
+    VirtualMachine.objects.filter(pk=waiter.pk).update(reserved_host=None)
+    waiter.reserved_host_id = None
+    audit.record("vm.schedule", waiter, project=waiter.project, detail={"host": waiter.host.name})
+    events.emit(
+        "vm.placed",
+        project=waiter.project,
+        message=f"vm {waiter.name} placed on {waiter.host.name} after spot evictions",
+        obj=waiter,
+        payload={"host": waiter.host.name},
+    )
+    send_apply(waiter, operation_id=current_operation(waiter))
+
+
+# --- restarting an evicted VM ---------------------------------------------------------------
+
+
+@transaction.atomic
+def vm_start_evicted(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """evicted → pending → placed when room is free. Its quota is claimed again (an evicted
+    VM holds none), so a project that used it meanwhile gets 409."""
+    _require_active(vm.project)
+    _guard(vm, "start")
+    quotas.check(
+        vm.project,
+        vms=1,
+        vcpus=vm.vcpus,
+        memory_gib=-(-vm.memory_mib // 1024),
+        gpus=vm.gpus,
+    )
+    vm = _transition(
+        vm,
+        state=VmState.PENDING,
+        task_state=VmTask.NONE,
+        eviction_notice_at=None,
+        eviction_deadline=None,
+        eviction_acknowledged_at=None,
+        state_reason="waiting for capacity",
+    )
+    operation = _open_operation(vm, "vm.start", actor)
+    try:
+        _place(vm)
+    except NoValidHost as e:
+        VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
+        vm.state_reason = e.reason[:500]
+    audit.record(
+        "vm.start",
+        vm,
+        project=vm.project,
+        detail={"operation": str(operation.pk), "state": vm.state},
+    )
+    send_apply(vm, operation_id=str(operation.pk))
+    return vm, operation

@@ -1,0 +1,67 @@
+"""Reads of storage objects that other apps need: a guest's volumes and mounts (compute's
+``vm_apply``) and each project's storage use over a period (billing)."""
+
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Coalesce, Greatest, Least
+
+from compute.protocol import MountWire, VolumeWire
+from storage.choices import ShareBackend
+from storage.models import Share, StorageUsage, Volume
+from storage.protocol import POOLS
+
+FSTYPES = {ShareBackend.LUSTRE: "lustre", ShareBackend.NFS: "nfs"}
+
+
+def vm_volumes(vm) -> tuple[VolumeWire, ...]:
+    """The volumes attached to ``vm``, in device order."""
+    return tuple(
+        VolumeWire(
+            volume_id=str(v.pk),
+            pool=POOLS[v.tier],
+            name=v.volume_name,
+            size_gib=v.size_gib,
+            device=v.device,
+            serial=v.serial,
+        )
+        for v in Volume.objects.filter(vm=vm).order_by("device")
+    )
+
+
+def vm_mounts(vm) -> tuple[MountWire, ...]:
+    """Every share of ``vm``'s project that its host has applied, mounted at its mount
+    point (a share made later reaches running guests through its mount instructions)."""
+    shares = Share.objects.for_project(vm.project_id).filter(
+        applied_generation__gte=F("generation")
+    )
+    return tuple(
+        MountWire(source=s.mount_source, mount_point=s.mount_point, fstype=FSTYPES[s.backend])
+        for s in shares.order_by("mount_point")
+    )
+
+
+def gib_hours(start: datetime, end: datetime, *, project=None) -> dict[int, dict[str, Decimal]]:
+    """GiB-hours of each kind (``volume``, ``share``, ``bucket``) each project held between
+    ``start`` and ``end``, from the usage intervals clipped to the period, in one query:
+    ``{project_id: {kind: gib_hours}}``. Projects with nothing in the period are left out."""
+    rows = StorageUsage.objects.filter(
+        Q(ended_at__isnull=True) | Q(ended_at__gt=start), started_at__lt=end
+    )
+    if project is not None:
+        rows = rows.for_project(project)
+    held = ExpressionWrapper(
+        Least(Coalesce(F("ended_at"), Value(end)), Value(end))
+        - Greatest(F("started_at"), Value(start)),
+        output_field=DurationField(),
+    )
+    totals: dict[int, dict[str, Decimal]] = {}
+    for row in rows.values("project_id", "kind", "gib", "started_at", "ended_at").annotate(
+        held=held
+    ):
+        seconds = Decimal(row["held"].total_seconds())
+        hours = (row["gib"] * seconds / Decimal(3600)).quantize(Decimal("0.001"))
+        kinds = totals.setdefault(row["project_id"], {})
+        kinds[row["kind"]] = kinds.get(row["kind"], Decimal(0)) + hours
+    return totals

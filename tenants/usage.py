@@ -1,0 +1,215 @@
+"""Usage intervals: what each billable object used, from when to when, exactly.
+
+Every state change of a billable object calls in here, in the same transaction:
+
+- ``vm_usage_sync(vm, at)`` after any change of a VM's state (``compute.services.vms``'s
+  ``_transition``, ``_place`` and ``vm_finish_delete``; ``compute.services.reconcile``
+  wherever the host's observation or the reaper moves a VM);
+- ``usage_open`` / ``usage_close`` for anything else: global IPs (allocate opens, release
+  closes), and storage.
+
+Guarantees:
+
+- **Idempotent.** ``vm_usage_sync`` makes the VM's open intervals match its state; called
+  again with the same state it changes nothing. ``usage_open`` of what is already open with
+  the same quantity and priority changes nothing; ``usage_close`` of nothing open changes
+  nothing.
+- **No overlap.** For one (subject, resource, model) at most one interval is open (a unique
+  index), and an interval never starts before the previous one of the same key ended: an
+  ``at`` earlier than that (a clock step back between two controllers) is moved up to it.
+- **Exact.** Start and end are the instants of the state changes; quantities are Decimal
+  (memory in GiB is ``memory_mib / 1024``, exact to 10 places).
+
+What a VM bills, by state: ``provisioning``, ``running`` and ``evicting`` (the guest still
+runs during its eviction notice) bill its vCPUs, memory (GiB) and GPUs (by model), with its
+priority (spot or on-demand); every other state bills nothing: a stopped VM pays no GPU
+hours, an evicted spot VM stops paying at the eviction, a deleting VM stops paying when its
+deletion is asked.
+"""
+
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import F, Max, Value
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from tenants.choices import BillingPriority, UsageResource
+from tenants.models import UsageRecord
+
+VM_SUBJECT = "compute.virtualmachine"
+BILLABLE_VM_STATES = frozenset({"provisioning", "running", "evicting"})
+
+
+def _subject(subject) -> tuple[str, str]:
+    return subject._meta.label_lower, str(subject.pk)
+
+
+def vm_usage_wanted(vm) -> dict[tuple[str, str], tuple[Decimal, str]]:
+    """What ``vm`` should have open now: (resource, model) -> (quantity, priority)."""
+    if vm.state not in BILLABLE_VM_STATES:
+        return {}
+    priority = vm.priority if vm.priority in BillingPriority.values else BillingPriority.ON_DEMAND
+    wanted = {
+        (UsageResource.VCPU.value, ""): (Decimal(vm.vcpus), priority),
+        (UsageResource.MEMORY.value, ""): (Decimal(vm.memory_mib) / Decimal(1024), priority),
+    }
+    if vm.gpus:
+        wanted[(UsageResource.GPU.value, vm.gpu_model or "")] = (Decimal(vm.gpus), priority)
+    return {key: value for key, value in wanted.items() if value[0] > 0}
+
+
+def vm_usage_sync(vm, at: datetime | None = None) -> int:
+    """Make ``vm``'s open usage intervals match its state at ``at``; returns how many
+    intervals it opened or closed (0 when they already matched). Call in the transaction
+    that changed the state, after the change. An evicted VM stops paying at its eviction
+    time (``evicted_at``, set by ``compute.services.spot`` in the same transition)."""
+    at = at or timezone.now()
+    if vm.state == "evicted" and getattr(vm, "evicted_at", None) is not None:
+        at = vm.evicted_at
+    return _sync(
+        project_id=vm.project_id,
+        subject_type=VM_SUBJECT,
+        subject_id=str(vm.pk),
+        subject_name=vm.name,
+        wanted=vm_usage_wanted(vm),
+        at=at,
+    )
+
+
+def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> int:
+    """At most three queries: the open intervals; one UPDATE closing those that no longer
+    match; the last ends and one INSERT for those to open."""
+    mine = UsageRecord.objects.filter(subject_type=subject_type, subject_id=subject_id)
+    open_ = {(r.resource, r.model): r for r in mine.filter(ended_at__isnull=True)}
+    stale = [r for key, r in open_.items() if wanted.get(key) != (r.quantity, r.priority)]
+    if stale:
+        mine.filter(pk__in=[r.pk for r in stale], ended_at__isnull=True).update(
+            ended_at=Greatest(Value(at), F("started_at"))
+        )
+    to_open = [
+        key
+        for key, want in wanted.items()
+        if key not in open_ or (open_[key].quantity, open_[key].priority) != want
+    ]
+    if to_open:
+        last_end = {
+            (row["resource"], row["model"]): row["end"]
+            for row in mine.filter(ended_at__isnull=False)
+            .values("resource", "model")
+            .annotate(end=Max("ended_at"))
+        }
+        UsageRecord.objects.bulk_create(
+            UsageRecord(
+                project_id=project_id,
+                subject_type=subject_type,
+                subject_id=subject_id,
+                subject_name=subject_name[:200],
+                resource=resource,
+                model=model,
+                priority=wanted[(resource, model)][1],
+                quantity=wanted[(resource, model)][0],
+                started_at=max(at, last_end.get((resource, model)) or at),
+            )
+            for resource, model in to_open
+        )
+    return len(stale) + len(to_open)
+
+
+def _close(record: UsageRecord, at: datetime) -> None:
+    end = max(at, record.started_at)
+    UsageRecord.objects.filter(pk=record.pk, ended_at__isnull=True).update(ended_at=end)
+    record.ended_at = end
+
+
+def _not_before_last_end(subject_type, subject_id, resource, model, at) -> datetime:
+    last = UsageRecord.objects.filter(
+        subject_type=subject_type, subject_id=subject_id, resource=resource, model=model
+    ).aggregate(end=Max("ended_at"))["end"]
+    return max(at, last) if last is not None else at
+
+
+def usage_open(
+    subject,
+    resource: str,
+    quantity,
+    at: datetime | None = None,
+    *,
+    model: str = "",
+    priority: str = BillingPriority.ON_DEMAND,
+    name: str | None = None,
+) -> UsageRecord:
+    """Open (or keep open) the interval of ``subject``'s ``resource`` at ``at``.
+
+    ``subject`` is any model instance with a ``project_id`` (a volume, a bucket, a global
+    IP). Already open with the same quantity and priority: nothing changes. Open with
+    another quantity (a volume grown): the old interval closes and a new one opens at
+    ``at``. Returns the open interval."""
+    if resource not in UsageResource.values:
+        raise ValueError(f"unknown usage resource {resource!r}")
+    at = at or timezone.now()
+    subject_type, subject_id = _subject(subject)
+    key = (resource, model)
+    _sync_one(
+        project_id=subject.project_id,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        subject_name=name if name is not None else str(subject),
+        key=key,
+        want=(Decimal(quantity), priority),
+        at=at,
+    )
+    return UsageRecord.objects.get(
+        subject_type=subject_type,
+        subject_id=subject_id,
+        resource=resource,
+        model=model,
+        ended_at__isnull=True,
+    )
+
+
+def _sync_one(*, project_id, subject_type, subject_id, subject_name, key, want, at) -> None:
+    resource, model = key
+    record = UsageRecord.objects.filter(
+        subject_type=subject_type,
+        subject_id=subject_id,
+        resource=resource,
+        model=model,
+        ended_at__isnull=True,
+    ).first()
+    if record is not None and (record.quantity, record.priority) == want:
+        return
+    if record is not None:
+        _close(record, at)
+    UsageRecord.objects.create(
+        project_id=project_id,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        subject_name=subject_name[:200],
+        resource=resource,
+        model=model,
+        priority=want[1],
+        quantity=want[0],
+        started_at=_not_before_last_end(subject_type, subject_id, resource, model, at),
+    )
+
+
+def usage_close(
+    subject, resource: str, quantity=None, at: datetime | None = None, *, model: str = ""
+) -> int:
+    """Close the open interval of ``subject``'s ``resource`` (and ``model``) at ``at``;
+    returns how many closed (0 when none was open). ``quantity`` is accepted for symmetry
+    with ``usage_open`` and not used: the open interval closes whatever its quantity."""
+    at = at or timezone.now()
+    subject_type, subject_id = _subject(subject)
+    closed = 0
+    for record in UsageRecord.objects.filter(
+        subject_type=subject_type,
+        subject_id=subject_id,
+        resource=resource,
+        model=model,
+        ended_at__isnull=True,
+    ):
+        _close(record, at)
+        closed += 1
+    return closed

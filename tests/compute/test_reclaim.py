@@ -1,0 +1,192 @@
+"""Reclamation, the metadata endpoint and the project's reclamation report: every step
+announced with its time before it happens, audited, and cancelled when its reason goes."""
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from compute import services
+from compute.choices import Priority, ReclaimAction, VmState
+from compute.models import VirtualMachine
+from compute.services import reclaim
+from controlplane.models import AuditEvent, Event
+from tenants import services as tenants
+from tenants.choices import ProjectStatus
+from tests.compute.test_vms import fresh, report
+from tests.factories import make_host, make_template, make_vm
+from tests.isolation import ProjectEndpointContract
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def running(project, sent):
+    make_host()
+    vm = make_vm(project, template=make_template(gpus=1))
+    report(fresh(vm), "running")
+    return fresh(vm)
+
+
+def _expire(project):
+    tenants.project_set_status(project=project, status=ProjectStatus.EXPIRED, reason="test")
+
+
+def test_an_expired_projects_vm_is_announced_stopped_then_deleted(project, running, sent, settings):
+    settings.RECLAIM_EXPIRED_NOTICE_S = 3600
+    settings.RECLAIM_EXPIRED_GRACE_S = 86400
+    now = timezone.now()
+    _expire(project)
+    assert services.reclaim_run(now=now) == {"announced": 1}
+    vm = fresh(running)
+    assert (vm.reclaim_action, vm.reclaim_reason) == ("stop", "project_expired")
+    assert vm.reclaim_at == now + timedelta(seconds=3600)
+    event = Event.objects.get(kind="vm.reclaim_scheduled")
+    assert event.payload["at"] == vm.reclaim_at.isoformat() and event.payload["action"] == "stop"
+    assert vm.state == VmState.RUNNING  # announced, not done
+    assert services.reclaim_run(now=now + timedelta(seconds=10)) == {}
+    services.reclaim_run(now=now + timedelta(seconds=3601))
+    vm = fresh(vm)
+    assert vm.task_state == "stopping" and vm.reclaim_action == ReclaimAction.DELETE
+    assert AuditEvent.objects.filter(action="vm.reclaimed", detail__action="stop").exists()
+    report(vm, "shutoff")
+    later = vm.reclaim_at + timedelta(seconds=1)
+    services.reclaim_run(now=later)
+    assert fresh(vm).state == VmState.DELETING
+    assert Event.objects.filter(kind="vm.reclaimed").count() == 2
+
+
+def test_renewing_the_project_cancels_what_was_scheduled(project, running, sent):
+    _expire(project)
+    services.reclaim_run()
+    tenants.project_set_status(project=project, status=ProjectStatus.ACTIVE, reason="renewed")
+    assert services.reclaim_run() == {"cancelled": 1}
+    vm = fresh(running)
+    assert vm.reclaim_action == "" and vm.state == VmState.RUNNING
+    assert Event.objects.filter(kind="vm.reclaim_cancelled").exists()
+
+
+def test_idle_vms_are_warned_then_stopped_unless_busy_again(project, running, sent, settings):
+    settings.IDLE_AFTER_S, settings.IDLE_WARNING_S, settings.IDLE_CPU_PERCENT = 600, 300, 2.0
+    t0 = timezone.now()
+    vm = running
+    # Two samples 10 minutes apart with almost no CPU: idle since the first.
+    changes = reclaim.cpu_observed(vm, 10**9, t0 - timedelta(seconds=700))
+    VirtualMachine.objects.filter(pk=vm.pk).update(**changes, launched_at=t0 - timedelta(days=1))
+    vm = fresh(vm)
+    changes = reclaim.cpu_observed(vm, 10**9 + 10**6, t0)
+    assert "active_at" not in changes  # 1 ms over 700 s: idle
+    VirtualMachine.objects.filter(pk=vm.pk).update(**changes)
+    assert services.reclaim_run(now=t0) == {"warned": 1}
+    warning = Event.objects.get(kind="vm.idle_warning")
+    assert warning.payload["at"] == (t0 + timedelta(seconds=300)).isoformat()
+    # Busy again (a second of CPU in 10 s on 1 vCPU... of 16: 0.6 %? use 5 s of 16 vCPUs).
+    vm = fresh(vm)
+    busy = reclaim.cpu_observed(vm, vm.cpu_time_ns + 16 * 5 * 10**9, t0 + timedelta(seconds=10))
+    assert "active_at" in busy
+    VirtualMachine.objects.filter(pk=vm.pk).update(**busy)
+    assert services.reclaim_run(now=t0 + timedelta(seconds=20)) == {"cancelled": 1}
+    # Idle for good: warned again, and stopped when the warning runs out.
+    VirtualMachine.objects.filter(pk=vm.pk).update(active_at=t0 - timedelta(seconds=700))
+    services.reclaim_run(now=t0 + timedelta(seconds=30))
+    services.reclaim_run(now=t0 + timedelta(seconds=400))
+    vm = fresh(vm)
+    assert vm.task_state == "stopping" and vm.reclaim_action == ""
+    assert AuditEvent.objects.filter(action="vm.reclaimed", detail__reason="idle").exists()
+
+
+def test_idle_reclamation_can_be_turned_off(project, running, sent, settings):
+    settings.IDLE_AFTER_S = 0
+    VirtualMachine.objects.filter(pk=running.pk).update(
+        active_at=timezone.now() - timedelta(days=30)
+    )
+    assert services.reclaim_run() == {}
+
+
+# --- the metadata endpoint -----------------------------------------------------------------------
+
+
+def _meta(vm, method="get", path="metadata-spot-instance-action"):
+    client = APIClient()
+    headers = {"HTTP_X_KUMO_METADATA_TOKEN": vm.metadata_token} if vm else {}
+    return getattr(client, method)(reverse(f"api:{path}"), **headers)
+
+
+def test_metadata_answers_404_without_a_notice_and_401_without_a_token(running):
+    assert _meta(running).status_code == 404
+    assert _meta(None).status_code == 401
+    other = VirtualMachine(metadata_token="nope")
+    assert _meta(other).status_code == 401
+    assert len(running.metadata_token) >= 40
+
+
+def test_metadata_shows_the_notice_and_takes_the_acknowledgement(project, sent):
+    tenants.quota_set(project=project, vcpus=1024, memory_gib=8192, gpus=64, vms=64)
+    make_host()
+    victim = make_vm(project, template=make_template(gpus=8), priority=Priority.SPOT)
+    report(fresh(victim), "running")
+    make_vm(project, template=make_template(gpus=8), name="urgent")
+    victim = fresh(victim)
+    body = _meta(victim).json()
+    assert body["action"] == "stop"
+    assert body["time"].replace("Z", "+00:00") == victim.eviction_deadline.isoformat()
+    acked = _meta(victim, "post", "metadata-spot-acknowledge")
+    assert acked.status_code == 200
+    assert fresh(victim).task_state == "stopping"
+    # The apply message carries the token to the guest's seed.
+    message = [m for q, t, m in sent if m["vm_id"] == str(victim.pk)][-1]
+    assert message["extra"]["metadata"]["token"] == victim.metadata_token
+
+
+def test_the_seed_holds_the_token_readable_by_root_only(tmp_path):
+    from compute.drivers import cloudinit
+    from compute.host_tasks import METADATA_ENV, metadata_files
+    from compute.protocol import VmApply
+
+    message = VmApply(
+        vm_id="x", generation=1, desired="running",
+        extra={"metadata": {"url": "http://k/api/v1/metadata", "token": "t0k"}},
+    )  # fmt: skip
+    files = metadata_files(message)
+    assert (
+        files[METADATA_ENV]
+        == "KUMO_METADATA_URL=http://k/api/v1/metadata\nKUMO_METADATA_TOKEN=t0k\n"
+    )
+    seed = cloudinit.write_seed(
+        tmp_path / "seed.iso", instance_id="x", hostname="x", private_files=files
+    )
+    vendor = cloudinit.read_seed(seed)["vendor-data"]
+    assert "KUMO_METADATA_TOKEN=t0k" in vendor and "'0600'" in vendor
+
+
+# --- the project's report and the operators' guarantees ------------------------------------------
+
+
+def test_the_report_shows_thresholds_minimum_and_schedule(client_for, project, running, settings):
+    settings.IDLE_AFTER_S = 1234
+    services.guarantee_set(project=project, min_gpus=4)
+    _expire(project)
+    services.reclaim_run()
+    url = reverse("api:project-reclamation-list", kwargs={"project_slug": project.slug})
+    body = client_for(project.owner).get(url).json()
+    assert body["min_gpus"] == 4 and body["thresholds"]["idle_after_s"] == 1234
+    assert body["scheduled"][0]["vm"] == str(running.pk)
+    assert body["scheduled"][0]["action"] == "stop"
+
+
+def test_operators_set_guarantees(client_for, staff, project):
+    api = client_for(staff)
+    url = reverse("api:admin-capacityguarantee-detail", kwargs={"project": project.slug})
+    assert api.put(url, {"min_gpus": 8}, format="json").status_code == 200
+    assert api.get(url).json()["min_gpus"] == 8
+    assert AuditEvent.objects.filter(action="capacity_guarantee.update").exists()
+    missing = reverse("api:admin-capacityguarantee-detail", kwargs={"project": "nope"})
+    assert api.put(missing, {"min_gpus": 8}, format="json").status_code == 404
+
+
+class TestReclamationIsolation(ProjectEndpointContract):
+    basename = "project-reclamation"
+    singleton = True
+    actions = ("list",)

@@ -1,0 +1,275 @@
+"""Spot preemption in the services: notices given to the minimal victim set (never an
+on-demand VM, never a guaranteed minimum), the deadline honoured or cut short by the guest,
+the hand-over only after the host reported the victims off, and evicted VMs restarting."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from compute import services
+from compute.choices import Priority, VmState, VmTask
+from compute.models import Device, VirtualMachine
+from compute.selectors import gpu_allocation_errors, host_usage_drift
+from compute.services import spot
+from controlplane.errors import Conflict, QuotaExceeded
+from controlplane.models import AuditEvent, Event
+from tenants import services as tenants
+from tests.compute.test_vms import fresh, report
+from tests.factories import make_host, make_image, make_project, make_template, make_vm
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def roomy():
+    def make(project):
+        tenants.quota_set(project=project, vcpus=4096, memory_gib=16384, gpus=256, vms=256)
+        return project
+
+    return make
+
+
+@pytest.fixture
+def world(roomy, sent):
+    """Two 8-GPU hosts full of running spot VMs of two projects: host A eight 1-GPU VMs,
+    host B two 4-GPU VMs (B's are younger); and a project wanting on-demand GPUs."""
+    a, b = make_host("gpu-a"), make_host("gpu-b")
+    spotters, other, wants = (roomy(make_project()) for _ in range(3))
+    image = make_image()
+    t1, t4, t8 = (make_template(gpus=n, eviction_notice_s=30) for n in (1, 4, 8))
+    small = [make_vm(spotters, template=t1, image=image, priority=Priority.SPOT) for _ in range(8)]
+    big = [make_vm(other, template=t4, image=image, priority=Priority.SPOT) for _ in range(2)]
+    for vm in small + big:
+        report(fresh(vm), "running")
+    # The small ones pack onto one host, the big ones fill the other.
+    if fresh(small[0]).host_id != a.pk:
+        a, b = b, a
+    assert {fresh(vm).host_id for vm in small} == {a.pk}
+    assert {fresh(vm).host_id for vm in big} == {b.pk}
+    return {"a": a, "b": b, "small": small, "big": big, "wants": wants, "t1": t1, "t8": t8,
+            "t4": t4, "image": image, "spotters": spotters, "other": other}  # fmt: skip
+
+
+def _on_demand(world, template, name="urgent"):
+    return make_vm(world["wants"], template=template, image=world["image"], name=name)
+
+
+def _stop_reported(vm):
+    vm = fresh(vm)
+    assert vm.task_state == VmTask.STOPPING
+    return report(vm, "shutoff")
+
+
+def test_an_8_gpu_request_notices_the_fewest_spot_vms(world, sent):
+    before = timezone.now()
+    vm = _on_demand(world, world["t8"])
+    assert vm.state == VmState.PENDING and vm.reserved_host_id == world["b"].pk
+    victims = VirtualMachine.objects.filter(state=VmState.EVICTING)
+    assert {v.pk for v in victims} == {v.pk for v in world["big"]}
+    for victim in victims:
+        assert victim.task_state == VmTask.NONE  # still running out its notice
+        assert victim.evicted_for_id == vm.pk
+        assert before + timedelta(seconds=29) < victim.eviction_deadline
+        assert victim.eviction_deadline <= timezone.now() + timedelta(seconds=30)
+    # Host A's small VMs are untouched, and nothing was stopped yet.
+    assert not VirtualMachine.objects.filter(
+        pk__in=[v.pk for v in world["small"]], state=VmState.EVICTING
+    ).exists()
+    notices = Event.objects.filter(kind="vm.eviction_notice", project=world["other"])
+    assert notices.count() == 2 and notices.first().payload["action"] == "stop"
+    waiting = Event.objects.get(kind="vm.preempting", project=world["wants"])
+    assert waiting.payload["victims"] == 2  # how many, not whose
+    assert AuditEvent.objects.filter(action="vm.eviction_notice").count() == 2
+
+
+def test_never_an_on_demand_vm(world, sent):
+    # Make host B's VMs on-demand-like: a 4-GPU on-demand VM on host A's cell... simpler:
+    # delete B's spot VMs and put an on-demand 4-GPU VM there; an 8-GPU request then finds
+    # no host it could empty of spot VMs alone.
+    for vm in world["big"]:
+        services.vm_delete(vm=fresh(vm))
+        report(fresh(vm), "absent")
+    keeper = _on_demand(world, world["t4"], name="keeper")
+    report(fresh(keeper), "running")
+    assert fresh(keeper).host_id == world["b"].pk
+    vm = _on_demand(world, world["t8"])
+    # Only host A can be emptied: all eight 1-GPU spot VMs go, the on-demand one stays.
+    evicting = set(
+        VirtualMachine.objects.filter(state=VmState.EVICTING).values_list("pk", flat=True)
+    )
+    assert evicting == {v.pk for v in world["small"]}
+    assert fresh(keeper).state == VmState.RUNNING
+    assert vm.reserved_host_id == world["a"].pk
+
+
+def test_the_deadline_is_honoured_then_the_hand_over_places_the_waiter(world, sent):
+    vm = _on_demand(world, world["t8"])
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    # Before the deadline the reaper stops nothing.
+    assert services.evictions_reap() == 0
+    assert all(fresh(v).task_state == VmTask.NONE for v in victims)
+    later = timezone.now() + timedelta(seconds=31)
+    assert services.evictions_reap(now=later) == 2
+    stop = [m for q, t, m in sent if m["vm_id"] == str(victims[0].pk)][-1]
+    assert stop["desired"] == "stopped" and stop["graceful_timeout_s"] == 10
+    # One victim reported off: the other still holds its GPUs, the waiter waits.
+    _stop_reported(victims[0])
+    assert fresh(victims[0]).state == VmState.EVICTING
+    assert fresh(vm).state == VmState.PENDING
+    assert Device.objects.filter(vm_id=victims[0].pk).count() == 4
+    # The second: both are evicted, their GPUs go to the waiter in the same transaction.
+    _stop_reported(victims[1])
+    for victim in victims:
+        victim = fresh(victim)
+        assert victim.state == VmState.EVICTED and victim.host_id is None
+        assert victim.evicted_at is not None and victim.evicted_host_id == world["b"].pk
+        assert not Device.objects.filter(vm_id=victim.pk).exists()
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == world["b"].pk
+    assert Device.objects.filter(vm=vm).count() == 8 and vm.reserved_host_id is None
+    assert host_usage_drift() == [] and gpu_allocation_errors() == []
+    assert Event.objects.filter(kind="vm.evicted").count() == 2
+    sent_to_waiter = [m for q, t, m in sent if m["vm_id"] == str(vm.pk)]
+    assert sent_to_waiter[-1]["desired"] == "running" and len(sent_to_waiter[-1]["devices"]) == 8
+
+
+def test_the_guest_cuts_the_notice_short(world, sent):
+    _on_demand(world, world["t8"])
+    victim = VirtualMachine.objects.filter(state=VmState.EVICTING).first()
+    spot.eviction_acknowledge(vm=victim)
+    victim = fresh(victim)
+    assert victim.task_state == VmTask.STOPPING and victim.eviction_acknowledged_at is not None
+    assert victim.eviction_deadline <= timezone.now()
+    spot.eviction_acknowledge(vm=victim)  # repeated: nothing more
+    assert fresh(victim).generation == victim.generation
+
+
+def test_a_stopped_spot_vm_is_evicted_without_notice(world, sent):
+    for vm in world["big"]:
+        services.vm_stop(vm=fresh(vm))
+        report(fresh(vm), "shutoff")
+    _on_demand(world, world["t8"])
+    for victim in VirtualMachine.objects.filter(state=VmState.EVICTING):
+        assert victim.task_state == VmTask.STOPPING
+        assert victim.eviction_deadline <= timezone.now()
+
+
+def test_a_guaranteed_minimum_is_never_a_victim(world, sent):
+    # The other project's two 4-GPU spot VMs are within its minimum of 8: host A's eight
+    # small VMs are evicted instead.
+    services.guarantee_set(project=world["other"], min_gpus=8)
+    _on_demand(world, world["t8"])
+    evicting = set(
+        VirtualMachine.objects.filter(state=VmState.EVICTING).values_list("pk", flat=True)
+    )
+    assert evicting == {v.pk for v in world["small"]}
+
+
+def test_a_minimum_protects_only_what_is_within_it(world, sent):
+    # A minimum of 4: one of the two 4-GPU VMs (the oldest) is protected; an 8-GPU request
+    # must then empty host A.
+    services.guarantee_set(project=world["other"], min_gpus=4)
+    protected = spot.protected_spot_vms()
+    assert protected == {world["big"][0].pk}
+    vm = _on_demand(world, world["t8"])
+    assert vm.reserved_host_id == world["a"].pk
+
+
+def test_spot_requests_never_preempt(world, sent):
+    vm = make_vm(world["wants"], template=world["t8"], image=world["image"], priority="spot")
+    assert vm.state == VmState.PENDING and vm.reserved_host_id is None
+    assert not VirtualMachine.objects.filter(state=VmState.EVICTING).exists()
+
+
+def test_an_evicted_vm_starts_again_when_room_returns(world, sent):
+    vm = _on_demand(world, world["t8"])
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    for victim in victims:
+        _stop_reported(victim)
+    evicted = fresh(victims[0])
+    assert evicted.state == VmState.EVICTED
+    # No room: it waits, pending.
+    started, operation = services.vm_start(vm=evicted)
+    assert started.state == VmState.PENDING and operation.kind == "vm.start"
+    # Room returns (the on-demand VM is deleted): the periodic placement places it.
+    services.vm_delete(vm=fresh(vm))
+    report(fresh(vm), "absent")
+    assert services.vm_schedule_pending() >= 1
+    assert fresh(evicted).state == VmState.PROVISIONING
+
+
+def test_restarting_an_evicted_vm_claims_its_quota_again(world, sent):
+    _on_demand(world, world["t8"])
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    for victim in victims:
+        _stop_reported(victim)
+    tenants.quota_set(project=world["other"], gpus=0)
+    with pytest.raises(QuotaExceeded):
+        services.vm_start(vm=fresh(victims[0]))
+    assert fresh(victims[0]).state == VmState.EVICTED
+
+
+def test_evicting_vms_refuse_stop_and_start(world, sent):
+    _on_demand(world, world["t8"])
+    victim = VirtualMachine.objects.filter(state=VmState.EVICTING).first()
+    with pytest.raises(Conflict):
+        services.vm_stop(vm=fresh(victim))
+
+
+def test_reaping_survives_a_restart_because_it_reads_the_database(world, sent):
+    # The notice is in the database alone: a fresh process (no state) stops what is due.
+    _on_demand(world, world["t8"])
+    VirtualMachine.objects.filter(state=VmState.EVICTING).update(
+        eviction_deadline=timezone.now() - timedelta(seconds=1)
+    )
+    assert services.evictions_reap() == 2
+
+
+def test_a_running_report_during_the_notice_keeps_the_victim_evicting(world, sent):
+    # The host redefines a victim at its notice's generation and reports it running: it
+    # runs out its notice, still evicting (it used to go back to running, and the waiter
+    # then waited for ever).
+    vm = _on_demand(world, world["t8"])
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    for victim in victims:
+        report(fresh(victim), "running")
+        assert fresh(victim).state == VmState.EVICTING
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    for victim in victims:
+        _stop_reported(victim)
+    assert fresh(vm).state == VmState.PROVISIONING and fresh(vm).host_id == world["b"].pk
+
+
+def test_the_guests_report_completes_the_hand_over(world, sent):
+    # The answers to the stop were lost: the periodic guests report carries the same facts.
+    vm = _on_demand(world, world["t8"])
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    guests = [
+        {"vm_id": str(v.pk), "generation": fresh(v).generation, "power": "shutoff"} for v in victims
+    ]
+    done = services.guests_reported(
+        host=world["b"].name, payload={"guests": guests}, sent_at=timezone.now()
+    )
+    assert set(done["settled"]) == {str(v.pk) for v in victims}
+    assert all(fresh(v).state == VmState.EVICTED for v in victims)
+    assert fresh(vm).state == VmState.PROVISIONING and fresh(vm).host_id == world["b"].pk
+    assert host_usage_drift() == [] and gpu_allocation_errors() == []
+
+
+def test_a_stale_index_makes_it_decide_again(world, sent):
+    # The index read host B's VMs as evictable; one of them then changed without the index
+    # seeing it (a late commit). The locked re-check refuses host B, its VMs are read
+    # again, and the next decision empties host A instead.
+    spot.index.sync()
+    VirtualMachine.objects.filter(pk=world["big"][0].pk).update(
+        task_state=VmTask.STOPPING, updated_at=timezone.now() - timedelta(hours=1)
+    )
+    vm = _on_demand(world, world["t8"])
+    evicting = set(
+        VirtualMachine.objects.filter(state=VmState.EVICTING).values_list("pk", flat=True)
+    )
+    assert evicting == {v.pk for v in world["small"]} and vm.reserved_host_id == world["a"].pk

@@ -1,0 +1,53 @@
+"""controlplane.tasks.agent_report: a report PostgreSQL aborted as a deadlock victim runs
+again; any other database error is raised at once."""
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+
+from controlplane import agents, tasks
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate):
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
+
+def _flaky(monkeypatch, sqlstate, failures):
+    calls = []
+
+    def handler(**kwargs):
+        calls.append(kwargs)
+        if len(calls) <= failures:
+            raise OperationalError("aborted") from _PgError(sqlstate)
+
+    monkeypatch.setitem(agents._handlers, "test.flaky", handler)
+    monkeypatch.setattr(tasks.time, "sleep", lambda seconds: None)
+    return calls
+
+
+def _report():
+    tasks.agent_report.run(
+        host="gpu-01", kind="test.flaky", payload={}, sent_at=timezone.now().isoformat()
+    )
+
+
+def test_a_deadlocked_report_runs_again(monkeypatch):
+    calls = _flaky(monkeypatch, "40P01", failures=2)
+    _report()
+    assert len(calls) == 3
+
+
+def test_it_gives_up_after_the_last_attempt(monkeypatch):
+    calls = _flaky(monkeypatch, "40001", failures=tasks.REPORT_ATTEMPTS)
+    with pytest.raises(OperationalError):
+        _report()
+    assert len(calls) == tasks.REPORT_ATTEMPTS
+
+
+def test_other_database_errors_are_not_retried(monkeypatch):
+    calls = _flaky(monkeypatch, "57P01", failures=1)  # admin_shutdown
+    with pytest.raises(OperationalError):
+        _report()
+    assert len(calls) == 1
