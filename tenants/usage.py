@@ -78,27 +78,26 @@ def vm_usage_sync(vm, at: datetime | None = None) -> int:
 
 
 def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> int:
-    """At most three queries: the open intervals; one UPDATE closing those that no longer
-    match; the last ends and one INSERT for those to open."""
+    """At most three queries, two in the common case (a VM placed or stopped): the
+    subject's intervals (open ones and the last end of each resource, in one read); one
+    UPDATE closing those that no longer match; one INSERT for those to open."""
     mine = UsageRecord.objects.filter(subject_type=subject_type, subject_id=subject_id)
-    open_ = {(r.resource, r.model): r for r in mine.filter(ended_at__isnull=True)}
-    stale = [r for key, r in open_.items() if wanted.get(key) != (r.quantity, r.priority)]
+    open_, last_end = {}, {}
+    for pk, resource, model, quantity, priority, ended_at in mine.values_list(
+        "pk", "resource", "model", "quantity", "priority", "ended_at"
+    ):
+        key = (resource, model)
+        if ended_at is None:
+            open_[key] = (pk, (quantity, priority))
+        elif last_end.get(key) is None or ended_at > last_end[key]:
+            last_end[key] = ended_at
+    stale = [pk for key, (pk, have) in open_.items() if wanted.get(key) != have]
     if stale:
-        mine.filter(pk__in=[r.pk for r in stale], ended_at__isnull=True).update(
+        mine.filter(pk__in=stale, ended_at__isnull=True).update(
             ended_at=Greatest(Value(at), F("started_at"))
         )
-    to_open = [
-        key
-        for key, want in wanted.items()
-        if key not in open_ or (open_[key].quantity, open_[key].priority) != want
-    ]
+    to_open = [key for key, want in wanted.items() if key not in open_ or open_[key][1] != want]
     if to_open:
-        last_end = {
-            (row["resource"], row["model"]): row["end"]
-            for row in mine.filter(ended_at__isnull=False)
-            .values("resource", "model")
-            .annotate(end=Max("ended_at"))
-        }
         UsageRecord.objects.bulk_create(
             UsageRecord(
                 project_id=project_id,
