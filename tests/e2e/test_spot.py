@@ -12,6 +12,7 @@ from compute.drivers import cloudinit
 from compute.management.commands.simfleet import write_and_register
 from compute.models import Device, Host, VirtualMachine
 from tenants import services as tenants
+from tenants.models import UsageRecord
 from tests.e2e.processes import free_port, start_topology, wait_for
 from tests.factories import UserFactory, make_image, make_project, make_template, token_for
 
@@ -108,3 +109,10 @@ def test_an_on_demand_8_gpu_vm_evicts_spot_vms_after_their_notice(fleet, tmp_pat
     assert set(gpus.values_list("vm_id", flat=True)) == {
         VirtualMachine.objects.get(pk=train["id"]).pk
     }
+
+    # Each victim's bill stops at its eviction: every interval is closed at evicted_at.
+    for victim in victims:
+        vm = VirtualMachine.objects.get(pk=victim["id"])
+        records = UsageRecord.objects.filter(subject_id=str(vm.pk))
+        assert records.exists() and not records.filter(ended_at__isnull=True).exists()
+        assert {r.ended_at for r in records.filter(ended_at__gte=vm.evicted_at)} == {vm.evicted_at}
