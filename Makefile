@@ -13,7 +13,7 @@ PY     := $(VENV)/bin/python
 APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump nftables chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench-api bench-placement bench-provision bench-netagent bench-preempt sysdeps install kvm-host lock clean
+.PHONY: run test lint bench-api bench-placement bench-provision bench-netagent bench-preempt bench-billing sysdeps install kvm-host lock clean
 
 run: install
 	$(PY) manage.py run
