@@ -34,9 +34,13 @@ import httpx
 
 from kumo_sdk import errors
 from kumo_sdk.types import (
+    AccessKey,
     ApiToken,
+    Bucket,
+    Forecast,
     GlobalIp,
     Image,
+    Invoice,
     Network,
     Operation,
     Port,
@@ -46,8 +50,10 @@ from kumo_sdk.types import (
     SecurityGroupRule,
     Subnet,
     Template,
+    UsageRecord,
     User,
     VirtualMachine,
+    Volume,
     decode,
 )
 
@@ -107,6 +113,11 @@ class Client:
         self.security_groups = SecurityGroups(self)
         self.global_ips = GlobalIps(self)
         self.port_forwards = PortForwards(self)
+        self.volumes = Volumes(self)
+        self.buckets = Buckets(self)
+        self.access_keys = AccessKeys(self)
+        self.usage = Usage(self)
+        self.invoices = Invoices(self)
         self.operations = Operations(self)
 
     def __enter__(self) -> Client:
@@ -606,6 +617,163 @@ class PortForwards(_Resource):
 
     def delete(self, forward_id: int, *, project: str | None = None) -> None:
         self._c.delete(self._c.project_path(project, f"port-forwards/{forward_id}/"))
+
+
+class Volumes(_Resource):
+    """A project's block volumes. Changes answer at once (no operation): an attached
+    volume reaches a running guest at its next boot."""
+
+    def list(self, *, project: str | None = None, **filters: Any) -> Iterator[Volume]:
+        """Filters: ``state`` (available, in_use, ...), ``tier``."""
+        return _listed(self._c, Volume, self._c.project_path(project, "volumes/"), **filters)
+
+    def get(self, volume_id: str, *, project: str | None = None) -> Volume:
+        return decode(Volume, self._c.get(self._c.project_path(project, f"volumes/{volume_id}/")))
+
+    def find(self, name_or_id: str, *, project: str | None = None) -> Volume:
+        """The volume with this id or name (NotFound otherwise)."""
+        if is_uuid(name_or_id):
+            return self.get(name_or_id, project=project)
+        for volume in self.list(project=project):
+            if volume.name == name_or_id:
+                return volume
+        raise _missing("volume", name_or_id, project or self._c.project)
+
+    def create(
+        self,
+        name: str,
+        *,
+        size_gib: int,
+        project: str | None = None,
+        tier: str | None = None,
+        description: str = "",
+        idempotency_key: str | None = None,
+    ) -> Volume:
+        """A volume of ``size_gib`` (counted against the storage quota at once: QuotaExceeded
+        past it); ``tier`` is the server's default (shared) unless given."""
+        body: dict[str, Any] = {"name": name, "size_gib": size_gib, "description": description}
+        if tier is not None:
+            body["tier"] = tier
+        path = self._c.project_path(project, "volumes/")
+        return decode(Volume, self._c.post(path, body, idempotency_key=idempotency_key))
+
+    def attach(self, volume_id: str, vm: str, *, project: str | None = None) -> Volume:
+        """Attach the volume to ``vm`` (a VM id of the project, placed: provisioning, running
+        or stopped) as its next free disk; Conflict when either is not in a state for it."""
+        path = self._c.project_path(project, f"volumes/{volume_id}/attach/")
+        return decode(Volume, self._c.post(path, {"vm": vm}))
+
+    def detach(self, volume_id: str, *, project: str | None = None) -> Volume:
+        """Detach an attached volume (Conflict when it is not); its data stays."""
+        path = self._c.project_path(project, f"volumes/{volume_id}/detach/")
+        return decode(Volume, self._c.post(path))
+
+    def extend(self, volume_id: str, size_gib: int, *, project: str | None = None) -> Volume:
+        """Grow the volume to ``size_gib`` (never shrink it)."""
+        path = self._c.project_path(project, f"volumes/{volume_id}/extend/")
+        return decode(Volume, self._c.post(path, {"size_gib": size_gib}))
+
+    def delete(self, volume_id: str, *, project: str | None = None) -> None:
+        """Delete the volume and its data (Conflict while it is attached)."""
+        self._c.delete(self._c.project_path(project, f"volumes/{volume_id}/"))
+
+
+class Buckets(_Resource):
+    """A project's S3 buckets, named as in S3 (names are global: a taken one is Conflict).
+    Without an object store on the server every call answers Conflict."""
+
+    def list(self, *, project: str | None = None) -> Iterator[Bucket]:
+        return _listed(self._c, Bucket, self._c.project_path(project, "buckets/"))
+
+    def get(self, name: str, *, project: str | None = None) -> Bucket:
+        return decode(Bucket, self._c.get(self._c.project_path(project, f"buckets/{name}/")))
+
+    def create(
+        self,
+        name: str,
+        *,
+        quota_gib: int,
+        project: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Bucket:
+        path = self._c.project_path(project, "buckets/")
+        body = {"name": name, "quota_gib": quota_gib}
+        return decode(Bucket, self._c.post(path, body, idempotency_key=idempotency_key))
+
+    def delete(self, name: str, *, project: str | None = None) -> None:
+        """Delete the bucket and everything it holds."""
+        self._c.delete(self._c.project_path(project, f"buckets/{name}/"))
+
+
+class AccessKeys(_Resource):
+    """A project's S3 access keys (they reach every bucket of the project); project admins
+    make and delete them."""
+
+    def list(self, *, project: str | None = None) -> Iterator[AccessKey]:
+        return _listed(self._c, AccessKey, self._c.project_path(project, "access-keys/"))
+
+    def find(self, access_key_id: str, *, project: str | None = None) -> AccessKey:
+        for key in self.list(project=project):
+            if key.access_key_id == access_key_id:
+                return key
+        raise _missing("access key", access_key_id, project or self._c.project)
+
+    def create(
+        self,
+        *,
+        project: str | None = None,
+        description: str = "",
+        idempotency_key: str | None = None,
+    ) -> AccessKey:
+        """A new key; its secret is in ``.secret_access_key``, in this answer only."""
+        path = self._c.project_path(project, "access-keys/")
+        body = {"description": description}
+        return decode(AccessKey, self._c.post(path, body, idempotency_key=idempotency_key))
+
+    def delete(self, key_id: int, *, project: str | None = None) -> None:
+        """Revoke the key (by its numeric ``id``): it stops working at once."""
+        self._c.delete(self._c.project_path(project, f"access-keys/{key_id}/"))
+
+
+class Usage(_Resource):
+    """What the project used, and this month's forecast."""
+
+    def list(self, *, project: str | None = None, **filters: Any) -> Iterator[UsageRecord]:
+        """Usage intervals. Filters: ``resource``, ``priority``, ``subject_type``,
+        ``subject_id``, ``open`` (still in use), ``started_after``, ``started_before``
+        (datetimes or ISO 8601 strings), ``ordering``."""
+        params = {
+            key: value.isoformat() if isinstance(value, datetime) else value
+            for key, value in filters.items()
+            if value is not None
+        }
+        path = self._c.project_path(project, "usage-records/")
+        return _listed(self._c, UsageRecord, path, **params)
+
+    def forecast(self, *, project: str | None = None) -> Forecast:
+        return decode(Forecast, self._c.get(self._c.project_path(project, "forecast/")))
+
+
+class Invoices(_Resource):
+    """A project's monthly invoices."""
+
+    def list(self, *, project: str | None = None, **filters: Any) -> Iterator[Invoice]:
+        """Filters: ``period_start`` (a month's first day, ISO 8601), ``ordering``."""
+        return _listed(self._c, Invoice, self._c.project_path(project, "invoices/"), **filters)
+
+    def get(self, invoice_id: int, *, project: str | None = None) -> Invoice:
+        path = self._c.project_path(project, f"invoices/{invoice_id}/")
+        return decode(Invoice, self._c.get(path))
+
+    def download(
+        self, invoice_id: int, *, format: str = "csv", project: str | None = None
+    ) -> bytes:
+        """The invoice's document as bytes: ``csv`` (a header, the lines, a total row) or
+        ``json`` (its canonical document, the bytes ``content_hash`` is the SHA-256 of)."""
+        if format not in ("csv", "json"):
+            raise ValueError(f"format must be csv or json, not {format!r}")
+        path = self._c.project_path(project, f"invoices/{invoice_id}/{format}/")
+        return self._c.request("GET", path).content
 
 
 def mint_token(

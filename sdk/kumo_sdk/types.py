@@ -301,3 +301,127 @@ class Operation:
     @property
     def done(self) -> bool:
         return self.state in ("succeeded", "failed")
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A block volume. ``vm`` and ``device`` are set while it is attached (``in_use``);
+    ``guest_path`` is where the guest finds the disk whatever its kernel names it."""
+
+    id: str
+    name: str
+    size_gib: int
+    state: str
+    tier: str = ""
+    project: str = ""
+    description: str = ""
+    vm: str | None = None
+    device: str = ""
+    guest_path: str = ""
+    host: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """An S3 bucket of the project, reached at ``endpoint`` with its access keys."""
+
+    name: str
+    quota_gib: int
+    project: str = ""
+    used_bytes: int | None = None
+    usage_at: datetime | None = None
+    endpoint: str = ""
+    created_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class AccessKey:
+    """An S3 access key of the project. ``secret_access_key`` (and ``endpoint``) are set
+    only in the answer that created it."""
+
+    id: int
+    access_key_id: str
+    project: str = ""
+    description: str = ""
+    created_by: str | None = None
+    created_at: datetime | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    endpoint: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One interval of use of a resource; ``ended_at`` is None while it is still in use.
+    ``quantity`` is a decimal string, as the server sends it."""
+
+    id: int
+    resource: str
+    started_at: datetime
+    subject_type: str = ""
+    subject_id: str = ""
+    subject_name: str = ""
+    model: str = ""
+    priority: str = ""
+    quantity: str = ""
+    ended_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Invoice:
+    """A month's invoice. Amounts are decimal strings, exactly as the server sends them."""
+
+    id: int
+    period_start: date
+    period_end: date
+    project: str = ""
+    currency: str = ""
+    total: str = ""
+    points_applied: str = ""
+    amount_due: str = ""
+    content_hash: str = ""
+    issued_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ForecastLine:
+    resource: str
+    model: str = ""
+    priority: str = ""
+    rate_card: int | None = None
+    unit: str = ""
+    quantity: str = ""
+    unit_price: str = ""
+    factor: str = ""
+    amount: str = ""
+
+
+@dataclass(frozen=True)
+class ForecastBudget:
+    name: str
+    amount: str = ""
+    spent_percent: str = ""
+    projected_percent: str = ""
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """This month's spend so far and projected to the month's end (decimal strings), the
+    points balance, each active budget's share and the projected invoice's lines."""
+
+    period_start: date
+    period_end: date
+    at: datetime | None = None
+    currency: str = ""
+    so_far: str = ""
+    projected: str = ""
+    points_balance: str = ""
+    budgets: list[ForecastBudget] = field(default_factory=list)
+    lines: list[ForecastLine] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

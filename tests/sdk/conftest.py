@@ -1,5 +1,6 @@
 """A live Kumo for the SDK and CLI tests: gunicorn on a free loopback port, on the test
-database (committed data: the tests use ``transactional_db``), started once per session.
+database (committed data: the tests use ``transactional_db``), started once per session,
+with moto's S3 + IAM server (``tests.storage``'s ``s3_server``) as its object store.
 ``hosts`` adds the controller and a simulated host agent for a test that needs VMs to run.
 """
 
@@ -19,6 +20,7 @@ from compute.models import Host
 from tenants import services as tenants
 from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
 from tests.factories import UserFactory, make_project, token_for
+from tests.storage.conftest import s3_server  # noqa: F401  (a fixture the server uses)
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -40,7 +42,7 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def server(django_db_setup, tmp_path_factory):
+def server(django_db_setup, tmp_path_factory, s3_server):  # noqa: F811
     if connection.vendor == "sqlite" and "mode=memory" in database_url():
         pytest.skip(
             "the test database is in memory: run through tests/run.py (or set "
@@ -59,6 +61,10 @@ def server(django_db_setup, tmp_path_factory):
         # Given, not generated: settings' generated key can be read empty by a gunicorn
         # worker while another one is still writing it (a 500 on every request).
         SECRET_KEY=secrets.token_urlsafe(50),
+        KUMO_OBJECT_STORE="s3iam",
+        KUMO_OBJECT_STORE_ENDPOINT=s3_server["endpoint"],
+        KUMO_OBJECT_STORE_ACCESS_KEY=s3_server["access_key"],
+        KUMO_OBJECT_STORE_SECRET_KEY=s3_server["secret_key"],
     )
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     fleet = Fleet(env, var)

@@ -193,3 +193,95 @@ def test_a_reader_sees_but_cannot_change(server, project, kumo_cli):
     assert json.loads(kumo_cli("template", "list", "--json").stdout) is not None
     refused = kumo_cli("network", "create", "nope", ok=False)
     assert "403 permission_denied" in refused.stderr
+
+
+# --- storage and billing ----------------------------------------------------------------------
+
+
+def test_volumes(logged_in, project):
+    from compute.choices import VmState
+    from compute.models import VirtualMachine
+    from tests.factories import make_host
+
+    tenants.quota_set(project=project, storage_gib=100)
+    made = json.loads(logged_in("volume", "create", "scratch", "--size", "10", "--json").stdout)
+    assert (made["name"], made["size_gib"], made["state"]) == ("scratch", 10, "available")
+    created = logged_in("volume", "create", "other", "--size", "5", "--tier", "local")
+    assert "Volume other created: 5 GiB local" in created.stderr
+    table = logged_in("volume", "list").stdout
+    assert "scratch" in table and "available" in table
+
+    logged_in("vm", "create", "disk-vm", "--template", make_template().name, "--image",
+              str(make_image().pk))  # fmt: skip
+    VirtualMachine.objects.filter(name="disk-vm").update(state=VmState.RUNNING, host=make_host())
+    attached = logged_in("volume", "attach", "scratch", "disk-vm")
+    assert "attached to VM disk-vm as vdb" in attached.stderr
+    refused = logged_in("volume", "delete", "scratch", ok=False)
+    assert refused.exit_code == 1 and "(409 in_use)" in refused.stderr and refused.stdout == ""
+    extended = json.loads(logged_in("volume", "extend", "scratch", "--size", "20", "--json").stdout)
+    assert extended["size_gib"] == 20
+    [in_use] = json.loads(logged_in("volume", "list", "--state", "in_use", "--json").stdout)
+    assert in_use["id"] == made["id"] and in_use["device"] == "vdb"
+    assert "detached" in logged_in("volume", "detach", made["id"]).stderr
+    logged_in("volume", "delete", "scratch")
+    logged_in("volume", "delete", "other")
+    assert json.loads(logged_in("volume", "list", "--json").stdout) == []
+    missing = logged_in("volume", "delete", "scratch", ok=False)
+    assert f"no volume 'scratch' in project {project.slug}" in missing.stderr
+
+
+def test_buckets_and_access_keys(logged_in, project):
+    tenants.quota_set(project=project, buckets=1)
+    name = f"cli-{project.slug}"[:40]
+    created = json.loads(logged_in("bucket", "create", name, "--quota", "3", "--json").stdout)
+    assert (created["name"], created["quota_gib"]) == (name, 3)
+    assert name in logged_in("bucket", "list").stdout
+    over = logged_in("bucket", "create", f"{name}-2", "--quota", "1", ok=False)
+    assert over.exit_code == 1 and "409 quota_exceeded" in over.stderr
+
+    made = logged_in("access-key", "create", "--description", "laptop")
+    secret = made.stdout.strip()
+    assert secret and "shown only now" in made.stderr
+    [key] = json.loads(logged_in("access-key", "list", "--json").stdout)
+    assert key["description"] == "laptop" and "secret_access_key" not in key
+    assert secret not in logged_in("access-key", "list").stdout
+    logged_in("access-key", "delete", key["access_key_id"])
+    assert json.loads(logged_in("access-key", "list", "--json").stdout) == []
+
+    logged_in("bucket", "delete", name)
+    assert json.loads(logged_in("bucket", "list", "--json").stdout) == []
+
+
+def test_usage_forecast_and_invoices(logged_in, project, tmp_path):
+    from tests.sdk.test_client import issue_invoice
+
+    assert json.loads(logged_in("invoice", "list", "--json").stdout) == []
+    assert "PERIOD" in logged_in("invoice", "list").stdout  # an empty table: its header
+    assert json.loads(logged_in("usage", "--json").stdout) == []
+
+    invoice = issue_invoice(project)
+    records = json.loads(logged_in("usage", "--json").stdout)
+    assert {r["subject_id"] for r in records} == {"train-1", "still-running"}
+    [still] = json.loads(logged_in("usage", "--open", "--json").stdout)
+    assert still["subject_id"] == "still-running"
+    assert "open" in logged_in("usage", "--resource", "vcpu").stdout
+    since = logged_in("usage", "--since", "2025-01-02T00:00:00", "--json").stdout
+    assert [r["subject_id"] for r in json.loads(since)] == ["still-running"]
+
+    forecast = json.loads(logged_in("usage", "--forecast", "--json").stdout)
+    assert forecast["lines"] and float(forecast["projected"]) > 0
+    assert "projected" in logged_in("usage", "--forecast").stdout
+
+    [listed] = json.loads(logged_in("invoice", "list", "--json").stdout)
+    assert listed["id"] == invoice.pk and listed["content_hash"] == invoice.content_hash
+    assert "2025-01" in logged_in("invoice", "list").stdout
+    document = logged_in("invoice", "download", str(invoice.pk), "--format", "json").stdout
+    assert json.loads(document) == json.loads(invoice.document)
+    target = tmp_path / "invoice.csv"
+    wrote = logged_in("invoice", "download", str(invoice.pk), "-o", str(target))
+    assert wrote.stdout == "" and str(target) in wrote.stderr
+    assert "vcpu" in target.read_text()
+    bad = logged_in("invoice", "download", str(invoice.pk), "--format", "pdf", ok=False)
+    assert bad.exit_code == 2  # typer's usage error
+    missing = logged_in("invoice", "download", str(invoice.pk + 1000), ok=False)
+    assert missing.exit_code == 1 and "404" in missing.stderr

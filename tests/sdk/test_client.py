@@ -301,3 +301,139 @@ def test_results_are_typed(kumo, project):
 
 def template_of(kumo, name):
     return next(t for t in kumo.templates.list() if t.name == name)
+
+
+# --- storage and billing ----------------------------------------------------------------------
+
+
+def test_volumes_create_attach_extend_detach_delete(kumo, project):
+    from compute.choices import VmState
+    from compute.models import VirtualMachine as VmRow
+    from tests.factories import make_host
+
+    tenants.quota_set(project=project, storage_gib=100)
+    volume = kumo.volumes.create("scratch", size_gib=10, description="data")
+    assert (volume.name, volume.size_gib, volume.state, volume.tier) == (
+        "scratch", 10, "available", "shared",
+    )  # fmt: skip
+    assert kumo.volumes.find("scratch") == volume and kumo.volumes.find(volume.id) == volume
+    with pytest.raises(Conflict) as taken:
+        kumo.volumes.create("scratch", size_gib=1)
+    assert taken.value.details == {"name": ["taken"]}
+    with pytest.raises(QuotaExceeded):
+        kumo.volumes.create("huge", size_gib=1000)
+
+    # A VM placed on a host (no agent: the database says where it runs).
+    vm = kumo.vms.create("disk-vm", template=make_template().name, image=make_image().pk)
+    with pytest.raises(Conflict):  # still pending: volumes attach to placed VMs
+        kumo.volumes.attach(volume.id, vm.id)
+    VmRow.objects.filter(pk=vm.id).update(state=VmState.RUNNING, host=make_host())
+    attached = kumo.volumes.attach(volume.id, vm.id)
+    assert (attached.state, attached.vm, attached.device) == ("in_use", vm.id, "vdb")
+    assert attached.guest_path.startswith("/dev/disk/by-id/virtio-")
+    with pytest.raises(Conflict) as in_use:  # attached: not deleted
+        kumo.volumes.delete(volume.id)
+    assert in_use.value.code == "in_use"
+
+    assert kumo.volumes.extend(volume.id, 20).size_gib == 20
+    assert [v.id for v in kumo.volumes.list(state="in_use")] == [volume.id]
+    detached = kumo.volumes.detach(volume.id)
+    assert (detached.state, detached.vm) == ("available", None)
+    kumo.volumes.delete(volume.id)
+    assert list(kumo.volumes.list()) == []
+    with pytest.raises(NotFound):
+        kumo.volumes.find("scratch")
+
+
+def test_buckets_and_access_keys(kumo, project):
+    tenants.quota_set(project=project, buckets=2)
+    name = f"sdk-{uuid.uuid4().hex[:12]}"
+    bucket = kumo.buckets.create(name, quota_gib=5)
+    assert (bucket.name, bucket.quota_gib, bucket.project) == (name, 5, project.slug)
+    assert bucket.endpoint.startswith("http://127.0.0.1:")
+    assert [b.name for b in kumo.buckets.list()] == [name] and kumo.buckets.get(name) == bucket
+
+    key = kumo.access_keys.create(description="laptop")
+    assert key.secret_access_key and key.endpoint == bucket.endpoint
+    [listed] = kumo.access_keys.list()
+    assert (listed.id, listed.access_key_id, listed.secret_access_key) == (
+        key.id, key.access_key_id, None,
+    )  # fmt: skip
+    assert "secret_access_key" not in listed.raw
+    assert kumo.access_keys.find(key.access_key_id).id == key.id
+    kumo.access_keys.delete(key.id)
+    assert list(kumo.access_keys.list()) == []
+
+    kumo.buckets.delete(name)
+    assert list(kumo.buckets.list()) == []
+    with pytest.raises(NotFound):
+        kumo.buckets.get(name)
+
+
+def issue_invoice(project):
+    """A rate card, ten vCPU-hours in January 2025, and that month's invoice, issued."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from tenants import billing, usage
+
+    class Subject:
+        class _meta:
+            label_lower = "tests.subject"
+
+        def __init__(self, project, pk):
+            self.project_id, self.pk = project.pk, pk
+
+        def __str__(self):
+            return f"subject {self.pk}"
+
+    billing.rate_card_create(
+        valid_from=datetime(2025, 1, 1, tzinfo=UTC),
+        prices=[
+            {"resource": resource, "unit_price": "10"}
+            for resource in ("vcpu", "memory", "gpu", "storage", "global_ip")
+        ],
+    )
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    subject = Subject(project, "train-1")
+    usage.usage_open(subject, "vcpu", 1, start)
+    usage.usage_close(subject, "vcpu", at=start + timedelta(hours=10))
+    usage.usage_open(Subject(project, "still-running"), "vcpu", 2, start + timedelta(days=3))
+    [invoice] = billing.invoices_issue(period=date(2025, 1, 1), projects=[project])
+    return invoice
+
+
+def test_usage_invoices_and_forecast(kumo, project):
+    import json
+    from datetime import UTC, date, datetime
+
+    invoice = issue_invoice(project)
+    records = list(kumo.usage.list(ordering="started_at"))
+    assert [(r.resource, r.subject_id, r.ended_at is None) for r in records] == [
+        ("vcpu", "train-1", False),
+        ("vcpu", "still-running", True),
+    ]
+    [still] = kumo.usage.list(open=True)
+    assert still.subject_id == "still-running" and float(still.quantity) == 2
+    after = datetime(2025, 1, 2, tzinfo=UTC)
+    assert [r.subject_id for r in kumo.usage.list(started_after=after)] == ["still-running"]
+    assert list(kumo.usage.list(resource="gpu")) == []
+
+    [listed] = kumo.invoices.list()
+    assert (listed.id, listed.period_start, listed.content_hash) == (
+        invoice.pk, date(2025, 1, 1), invoice.content_hash,
+    )  # fmt: skip
+    assert kumo.invoices.get(invoice.pk) == listed
+    document = kumo.invoices.download(invoice.pk, format="json")
+    assert document == invoice.document.encode()
+    assert json.loads(document)
+    csv = kumo.invoices.download(invoice.pk).decode()
+    assert csv.splitlines()[0] and "vcpu" in csv
+    with pytest.raises(ValueError):
+        kumo.invoices.download(invoice.pk, format="pdf")
+    with pytest.raises(NotFound):
+        kumo.invoices.download(invoice.pk + 1000)
+
+    forecast = kumo.usage.forecast()
+    assert forecast.period_start.day == 1 and forecast.period_end > forecast.period_start
+    assert float(forecast.projected) >= float(forecast.so_far) > 0  # the open interval
+    assert [line.resource for line in forecast.lines] == ["vcpu"]

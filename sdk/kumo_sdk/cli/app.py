@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -23,12 +24,13 @@ from kumo_sdk.cli import output
 from kumo_sdk.cli.config import Config, ConfigError, config_path
 from kumo_sdk.client import Client, mint_token
 from kumo_sdk.errors import ApiError, KumoError, NotFound
-from kumo_sdk.types import Operation, SecurityGroupRule, VirtualMachine
+from kumo_sdk.types import Operation, SecurityGroupRule, VirtualMachine, Volume
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
-    help="Kumo research cloud: VMs, networks and addresses from the command line.",
+    help="Kumo research cloud: VMs, networks, addresses, storage and billing from the command"
+    " line.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -50,6 +52,10 @@ network_app = _group("network", "The project's networks.")
 sg_app = _group("security-group", "Security groups (firewall allow-lists) and their rules.")
 gip_app = _group("global-ip", "Global IP addresses: 1:1 NAT to a port, or port forwards.")
 pf_app = _group("port-forward", "DNAT port forwards from a global IP to a port.")
+volume_app = _group("volume", "The project's block volumes.")
+bucket_app = _group("bucket", "The project's S3 buckets.")
+key_app = _group("access-key", "The project's S3 access keys.")
+invoice_app = _group("invoice", "The project's monthly invoices.")
 
 Json = Annotated[bool, typer.Option("--json", help="Print the API's JSON instead of a table.")]
 Wait = Annotated[bool, typer.Option("--wait", help="Wait until the operation finishes.")]
@@ -739,6 +745,340 @@ def pf_delete(ctx: typer.Context, forward_id: int) -> None:
     with _client(ctx) as kumo:
         kumo.port_forwards.delete(forward_id, project=_project(kumo))
     output.note(f"Port forward {forward_id} deleted.")
+
+
+# --- volumes, buckets and access keys ---------------------------------------------------------
+
+VolumeArg = Annotated[str, typer.Argument(help="The volume's name or id.")]
+
+
+def _volume_details(volume: Volume) -> None:
+    output.fields(
+        [
+            ("name", volume.name),
+            ("id", volume.id),
+            ("state", volume.state),
+            ("size", f"{volume.size_gib} GiB"),
+            ("tier", volume.tier),
+            ("vm", volume.vm),
+            ("device", volume.device),
+            ("guest path", volume.guest_path),
+            ("host", volume.host),
+            ("description", volume.description),
+            ("created", volume.created_at),
+        ]
+    )
+
+
+@command(volume_app, "list")
+def volume_list(
+    ctx: typer.Context,
+    state: Annotated[str | None, typer.Option(help="available or in_use.")] = None,
+    json: Json = False,
+) -> None:
+    """The project's volumes and what they are attached to."""
+    with _client(ctx) as kumo:
+        filters = {"state": state} if state else {}
+        volumes = list(kumo.volumes.list(project=_project(kumo), **filters))
+    if json:
+        return output.emit_json([v.raw for v in volumes])
+    output.table(
+        ["NAME", "ID", "SIZE GIB", "TIER", "STATE", "VM", "DEVICE"],
+        [[v.name, v.id, v.size_gib, v.tier, v.state, v.vm, v.device] for v in volumes],
+    )
+
+
+@command(volume_app, "create")
+def volume_create(
+    ctx: typer.Context,
+    name: str,
+    size: Annotated[int, typer.Option("--size", help="Size in GiB.")],
+    tier: Annotated[
+        str | None, typer.Option(help="shared (any host; the default) or local (one host's NVMe).")
+    ] = None,
+    description: str = "",
+    json: Json = False,
+) -> None:
+    """Create a volume (it counts against the storage quota at once)."""
+    with _client(ctx) as kumo:
+        volume = kumo.volumes.create(
+            name, size_gib=size, project=_project(kumo), tier=tier, description=description
+        )
+    if json:
+        return output.emit_json(volume.raw)
+    output.note(
+        f"Volume {volume.name} created: {volume.size_gib} GiB {volume.tier} (id {volume.id})."
+    )
+
+
+@command(volume_app, "attach")
+def volume_attach(
+    ctx: typer.Context,
+    volume: VolumeArg,
+    vm: Annotated[str, typer.Argument(help="The VM's name or id.")],
+    json: Json = False,
+) -> None:
+    """Attach a volume to a VM as its next free disk (a running guest sees it after a reboot)."""
+    with _client(ctx) as kumo:
+        project = _project(kumo)
+        found = kumo.volumes.find(volume, project=project)
+        target = kumo.vms.find(vm, project=project)
+        attached = kumo.volumes.attach(found.id, target.id)
+    if json:
+        return output.emit_json(attached.raw)
+    output.note(
+        f"Volume {attached.name} attached to VM {target.name} as {attached.device}"
+        f" ({attached.guest_path})."
+    )
+
+
+@command(volume_app, "detach")
+def volume_detach(ctx: typer.Context, volume: VolumeArg, json: Json = False) -> None:
+    """Detach a volume from its VM; its data stays."""
+    with _client(ctx) as kumo:
+        found = kumo.volumes.find(volume, project=_project(kumo))
+        detached = kumo.volumes.detach(found.id)
+    if json:
+        return output.emit_json(detached.raw)
+    output.note(f"Volume {detached.name} detached.")
+
+
+@command(volume_app, "extend")
+def volume_extend(
+    ctx: typer.Context,
+    volume: VolumeArg,
+    size: Annotated[int, typer.Option("--size", help="The new size in GiB.")],
+    json: Json = False,
+) -> None:
+    """Grow a volume to --size GiB."""
+    with _client(ctx) as kumo:
+        found = kumo.volumes.find(volume, project=_project(kumo))
+        extended = kumo.volumes.extend(found.id, size)
+    if json:
+        return output.emit_json(extended.raw)
+    output.note(f"Volume {extended.name} is now {extended.size_gib} GiB.")
+
+
+@command(volume_app, "delete")
+def volume_delete(ctx: typer.Context, volume: VolumeArg) -> None:
+    """Delete a detached volume and its data."""
+    with _client(ctx) as kumo:
+        found = kumo.volumes.find(volume, project=_project(kumo))
+        kumo.volumes.delete(found.id)
+    output.note(f"Volume {found.name} deleted.")
+
+
+@command(bucket_app, "list")
+def bucket_list(ctx: typer.Context, json: Json = False) -> None:
+    """The project's buckets, their quotas and last measured usage."""
+    with _client(ctx) as kumo:
+        buckets = list(kumo.buckets.list(project=_project(kumo)))
+    if json:
+        return output.emit_json([b.raw for b in buckets])
+    output.table(
+        ["NAME", "QUOTA GIB", "USED BYTES", "MEASURED", "ENDPOINT"],
+        [[b.name, b.quota_gib, b.used_bytes, b.usage_at, b.endpoint] for b in buckets],
+    )
+
+
+@command(bucket_app, "create")
+def bucket_create(
+    ctx: typer.Context,
+    name: str,
+    quota: Annotated[int, typer.Option("--quota", help="Quota in GiB.")],
+    json: Json = False,
+) -> None:
+    """Create a bucket (its name is global across the object store)."""
+    with _client(ctx) as kumo:
+        bucket = kumo.buckets.create(name, quota_gib=quota, project=_project(kumo))
+    if json:
+        return output.emit_json(bucket.raw)
+    output.note(f"Bucket {bucket.name} created ({bucket.quota_gib} GiB) at {bucket.endpoint}.")
+
+
+@command(bucket_app, "delete")
+def bucket_delete(ctx: typer.Context, name: str) -> None:
+    """Delete a bucket and everything in it."""
+    with _client(ctx) as kumo:
+        kumo.buckets.delete(name, project=_project(kumo))
+    output.note(f"Bucket {name} deleted.")
+
+
+@command(key_app, "list")
+def key_list(ctx: typer.Context, json: Json = False) -> None:
+    """The project's access keys (their secrets are never shown again)."""
+    with _client(ctx) as kumo:
+        keys = list(kumo.access_keys.list(project=_project(kumo)))
+    if json:
+        return output.emit_json([k.raw for k in keys])
+    output.table(
+        ["ID", "ACCESS KEY ID", "CREATED BY", "CREATED", "DESCRIPTION"],
+        [[k.id, k.access_key_id, k.created_by, k.created_at, k.description] for k in keys],
+    )
+
+
+@command(key_app, "create")
+def key_create(ctx: typer.Context, description: str = "", json: Json = False) -> None:
+    """Make an access key (project admins); its secret is shown this once."""
+    with _client(ctx) as kumo:
+        key = kumo.access_keys.create(project=_project(kumo), description=description)
+    if json:
+        return output.emit_json(key.raw)
+    output.note(f"Access key {key.access_key_id} (id {key.id}) for {key.endpoint}.")
+    output.note("The secret is shown only now:")
+    output.out.print(key.secret_access_key, markup=False)
+
+
+@command(key_app, "delete")
+def key_delete(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="The key's id or access key id.")],
+) -> None:
+    """Revoke an access key: it stops working at once."""
+    with _client(ctx) as kumo:
+        project = _project(kumo)
+        key_id = int(key) if key.isdigit() else kumo.access_keys.find(key, project=project).id
+        kumo.access_keys.delete(key_id, project=project)
+    output.note(f"Access key {key} deleted.")
+
+
+# --- usage and invoices -----------------------------------------------------------------------
+
+
+@command(app, "usage")
+def usage(
+    ctx: typer.Context,
+    forecast: Annotated[
+        bool, typer.Option("--forecast", help="This month's spend so far and projected.")
+    ] = False,
+    resource: Annotated[
+        str | None, typer.Option(help="Only this resource (vcpu, memory, gpu, ...).")
+    ] = None,
+    open_: Annotated[bool, typer.Option("--open", help="Only intervals still open.")] = False,
+    since: Annotated[
+        datetime | None, typer.Option(help="Only intervals started at or after this.")
+    ] = None,
+    until: Annotated[
+        datetime | None, typer.Option(help="Only intervals started before this.")
+    ] = None,
+    json: Json = False,
+) -> None:
+    """The project's usage records, or with --forecast this month's spend and forecast."""
+    with _client(ctx) as kumo:
+        project = _project(kumo)
+        if forecast:
+            report = kumo.usage.forecast(project=project)
+        else:
+            filters: dict[str, Any] = {
+                "resource": resource,
+                "open": True if open_ else None,
+                "started_after": since,
+                "started_before": until,
+            }
+            records = list(kumo.usage.list(project=project, **filters))
+    if forecast:
+        if json:
+            return output.emit_json(report.raw)
+        output.fields(
+            [
+                ("period", f"{report.period_start} to {report.period_end}"),
+                ("so far", f"{report.so_far} {report.currency}"),
+                ("projected", f"{report.projected} {report.currency}"),
+                ("points", report.points_balance),
+                *[
+                    (
+                        f"budget {b.name}",
+                        f"{b.amount}: {b.spent_percent} % spent, {b.projected_percent} % projected",
+                    )
+                    for b in report.budgets
+                ],
+            ]
+        )
+        if report.lines:
+            output.table(
+                ["RESOURCE", "MODEL", "PRIORITY", "QUANTITY", "UNIT", "UNIT PRICE", "AMOUNT"],
+                [
+                    [
+                        li.resource,
+                        li.model,
+                        li.priority,
+                        li.quantity,
+                        li.unit,
+                        li.unit_price,
+                        li.amount,
+                    ]
+                    for li in report.lines
+                ],
+            )
+        return None
+    if json:
+        return output.emit_json([r.raw for r in records])
+    output.table(
+        ["ID", "RESOURCE", "MODEL", "PRIORITY", "QUANTITY", "SUBJECT", "STARTED", "ENDED"],
+        [
+            [
+                r.id,
+                r.resource,
+                r.model,
+                r.priority,
+                r.quantity,
+                r.subject_name or f"{r.subject_type} {r.subject_id}",
+                r.started_at,
+                r.ended_at or "open",
+            ]
+            for r in records
+        ],
+    )
+
+
+@command(invoice_app, "list")
+def invoice_list(ctx: typer.Context, json: Json = False) -> None:
+    """The project's invoices."""
+    with _client(ctx) as kumo:
+        invoices = list(kumo.invoices.list(project=_project(kumo)))
+    if json:
+        return output.emit_json([i.raw for i in invoices])
+    output.table(
+        ["ID", "PERIOD", "CURRENCY", "TOTAL", "POINTS", "DUE", "ISSUED"],
+        [
+            [
+                i.id,
+                f"{i.period_start:%Y-%m}",
+                i.currency,
+                i.total,
+                i.points_applied,
+                i.amount_due,
+                i.issued_at,
+            ]
+            for i in invoices
+        ],
+    )
+
+
+class InvoiceFormat(StrEnum):
+    csv = "csv"
+    json = "json"
+
+
+@command(invoice_app, "download")
+def invoice_download(
+    ctx: typer.Context,
+    invoice_id: Annotated[int, typer.Argument(metavar="ID", help="The invoice's id.")],
+    format: Annotated[
+        InvoiceFormat, typer.Option("--format", help="csv, or json (its canonical document).")
+    ] = InvoiceFormat.csv,
+    out: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
+    ] = None,
+) -> None:
+    """Download an invoice as CSV or JSON, to standard output or a file."""
+    with _client(ctx) as kumo:
+        body = kumo.invoices.download(invoice_id, format=format.value, project=_project(kumo))
+    if out is None:
+        typer.echo(body.decode("utf-8"), nl=not body.endswith(b"\n"))
+        return
+    out.write_bytes(body)
+    output.note(f"Invoice {invoice_id} written to {out} ({len(body)} bytes).")
 
 
 def main() -> None:
