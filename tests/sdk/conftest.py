@@ -20,7 +20,6 @@ from compute.models import Host
 from tenants import services as tenants
 from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
 from tests.factories import UserFactory, make_project, token_for
-from tests.storage.conftest import s3_server  # noqa: F401  (a fixture the server uses)
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -42,7 +41,7 @@ class Server:
 
 
 @pytest.fixture(scope="session")
-def server(django_db_setup, tmp_path_factory, s3_server):  # noqa: F811
+def server(django_db_setup, tmp_path_factory, s3_server):
     if connection.vendor == "sqlite" and "mode=memory" in database_url():
         pytest.skip(
             "the test database is in memory: run through tests/run.py (or set "
