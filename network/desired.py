@@ -135,17 +135,12 @@ def _firewalls(ports: list[PortModel]) -> dict:
     return result
 
 
-def _routers(plan, gateway: HostNetwork) -> tuple[Router, ...]:
+def _routers(plan) -> tuple[Router, ...]:
     if not plan:
         return ()
     project_ids = [r.project_id for r in plan]
-    own = dict(
-        GlobalIp.objects.filter(project_id__in=project_ids, router=True).values_list(
-            "project_id", "address"
-        )
-    )
-    pools = {
-        g.project_id: g.pool
+    own = {
+        g.project_id: g
         for g in GlobalIp.objects.filter(project_id__in=project_ids, router=True).select_related(
             "pool"
         )
@@ -175,7 +170,6 @@ def _routers(plan, gateway: HostNetwork) -> tuple[Router, ...]:
     routers = []
     for router, subnets in sorted(plan.items(), key=lambda item: str(item[0].pk)):
         rid = router.pk.hex
-        pool = pools.get(router.project_id)
         external = own.get(router.project_id)
         routers.append(
             Router(
@@ -188,8 +182,10 @@ def _routers(plan, gateway: HostNetwork) -> tuple[Router, ...]:
                     )
                     for s in subnets
                 ),
-                external_address=f"{external}/{pool.cidr.split('/')[1]}" if external else "",
-                external_gateway=pool.gateway_ip if external else "",
+                external_address=(
+                    f"{external.address}/{external.pool.cidr.split('/')[1]}" if external else ""
+                ),
+                external_gateway=external.pool.gateway_ip if external else "",
                 snat_cidrs=tuple(
                     sorted({s.cidr for s in subnets if s.network_id in external_nets})
                 ),
@@ -238,12 +234,11 @@ def host_networks(host_id: int) -> HostNetworks:
     if on_gateway:
         vnis_here.update(leg_vnis)
     if on_gateway and me.trunk_device:
-        for vni, vlan in ExternalConnection.objects.filter(
+        for connection in ExternalConnection.objects.filter(
             kind=ConnectionKind.L2VPN, state=ConnectionState.APPROVED
-        ).values_list("network__vni", "vlan_id"):
-            vlans[vni] = vlan
-            if vni not in vnis_here:
-                vnis_here[vni] = NetworkModel.objects.get(vni=vni)
+        ).select_related("network"):
+            vlans[connection.network.vni] = connection.vlan_id
+            vnis_here.setdefault(connection.network.vni, connection.network)
 
     # Every bound port on these networks elsewhere: its MAC lives behind its host's VTEP.
     remote_macs = defaultdict(set)
@@ -297,7 +292,7 @@ def host_networks(host_id: int) -> HostNetworks:
         networks=networks,
         ports=ports,
         underlay_device=me.underlay_device,
-        routers=_routers(plan, me) if on_gateway else (),
+        routers=_routers(plan) if on_gateway else (),
         external_bridge=me.external_bridge if on_gateway else "",
         trunk_device=me.trunk_device if on_gateway and vlans else "",
     )

@@ -45,10 +45,8 @@ class _Crud(
     mixins.DestroyModelMixin,
     ProjectScopedViewSet,
 ):
-    """List, retrieve, create and delete; creates read ``create_serializer`` and answer with
-    ``serializer_class``."""
-
-    create_serializer = None
+    """List, retrieve, create and delete; a create reads its own input serializer
+    (``_input``) and answers with ``serializer_class`` (``_answer``)."""
 
     def _input(self, serializer_class):
         data = serializer_class(data=self.request.data, partial=self.action == "partial_update")
@@ -59,10 +57,6 @@ class _Crud(
         instance = self.get_queryset().get(pk=instance.pk)
         body = self.get_serializer(instance).data
         return Response(body, status=status)
-
-    @classmethod
-    def _schema(cls):
-        return extend_schema(request=cls.create_serializer, responses={201: cls.serializer_class})
 
 
 class NetworkViewSet(mixins.UpdateModelMixin, _Crud):
