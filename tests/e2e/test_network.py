@@ -3,7 +3,6 @@ two host agents on libvirt's test driver, each converging its own network namesp
 simulated fabric (``network.simfabric``) over a real broker. Needs root; skipped with the
 reason otherwise. The fabric's namespaces go at the end, whatever happens."""
 
-import os
 import signal
 import subprocess
 import uuid
@@ -137,4 +136,3 @@ def test_vms_on_two_hosts_get_their_overlay_and_a_restarted_agent_rebuilds_it(cl
     )
     here = links(fabric["gpu-01"].netns)
     assert f"master {bridge_name(vni)}" in here and port_name(left["id"].replace("-", "")) in here
-    assert os.path.exists(f"/run/netns/{fabric['gpu-01'].netns}")
