@@ -97,7 +97,6 @@ def seed() -> dict:
         project = tenants.project_create(slug=f"bench-{i}", name=f"Bench {i}", owner=user)
         tenants.quota_set(project=project, vcpus=10**6, memory_gib=10**7, gpus=10**5, vms=10**5)
         projects.append(project)
-    spot.guarantee_set(project=projects[1], min_gpus=64)
     templates = {
         gpus: catalog.template_create(
             name=f"gpu-{gpus}",
@@ -190,6 +189,8 @@ def seed() -> dict:
                 )
             )
     Device.objects.bulk_create(devices, batch_size=5000)
+    # Set once the fleet exists: a minimum beyond the fleet's GPUs is refused.
+    spot.guarantee_set(project=projects[1], min_gpus=64, gpu_model=GPU_MODEL)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return {"templates": templates, "image": image, "project": projects[0], "vms": len(vms)}

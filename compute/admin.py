@@ -123,7 +123,7 @@ class TemplateAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # Sizes are fixed once created: VMs copied them.
         fixed = ["name", "vcpus", "memory_gib", "gpus", "gpu_model", "disk_gib"]
-        return [*fixed, "eviction_notice_s"] if obj else []
+        return [*fixed, "eviction_notice_s", "evict_action"] if obj else []
 
     def save_model(self, request, obj, form, change):
         if change:
@@ -142,6 +142,7 @@ class TemplateAdmin(admin.ModelAdmin):
                         "spot_allowed",
                         "description",
                         "eviction_notice_s",
+                        "evict_action",
                     )
                 }
             )
@@ -150,8 +151,17 @@ class TemplateAdmin(admin.ModelAdmin):
 
 @admin.register(Image)
 class ImageAdmin(ReadOnlyAdmin):
-    list_display = ["name", "os_distro", "os_version", "format", "visibility", "project", "active"]
-    list_filter = ["visibility", "format", "active"]
+    list_display = [
+        "name",
+        "os_distro",
+        "os_version",
+        "format",
+        "visibility",
+        "project",
+        "state",
+        "size_bytes",
+    ]
+    list_filter = ["visibility", "format", "state"]
     search_fields = ["name", "location"]
 
 
@@ -170,5 +180,10 @@ class CapacityGuaranteeAdmin(admin.ModelAdmin):
     list_select_related = ["project"]
 
     def save_model(self, request, obj, form, change):
-        saved = services.guarantee_set(project=obj.project, min_gpus=obj.min_gpus)
+        saved = services.guarantee_set(
+            project=obj.project,
+            min_gpus=obj.min_gpus,
+            gpu_model=obj.gpu_model,
+            min_vcpus=obj.min_vcpus,
+        )
         obj.pk = saved.pk

@@ -26,6 +26,17 @@ class ImageFormat(models.TextChoices):
     RAW = "raw", "raw"
 
 
+class ImageState(models.TextChoices):
+    """An image's life: its record is made ``uploading``; its bytes arrive in one streamed
+    upload (``compute.services.images``) and it turns ``active`` (bootable) or ``failed``
+    (with the reason); a deleted image stays for the record of the VMs booted from it."""
+
+    UPLOADING = "uploading", "Uploading"
+    ACTIVE = "active", "Active"
+    FAILED = "failed", "Failed"
+    DELETED = "deleted", "Deleted"
+
+
 class Visibility(models.TextChoices):
     PUBLIC = "public", "Public"  # every project may boot it
     PROJECT = "project", "Project"  # only the project that owns it
@@ -55,13 +66,22 @@ class VmState(models.TextChoices):
     ERROR = "error", "Error"
     EVICTING = "evicting", "Evicting"  # spot: notice given, about to stop
     EVICTED = "evicted", "Evicted"
+    SHELVING = "shelving", "Shelving"  # its guest stops and its root disk is being kept
+    SHELVED = "shelved", "Shelved"  # holds no host, GPU or quota; its root disk is kept
+
+
+class EvictAction(models.TextChoices):
+    """What becomes of a spot VM at the end of its eviction notice (its template says)."""
+
+    STOP = "stop", "Stop (evicted: holds nothing, restart from its image)"
+    SHELVE = "shelve", "Shelve (holds nothing, its root disk is kept for unshelve)"
 
 
 class ReclaimAction(models.TextChoices):
     """The next step reclamation has announced for a VM (``compute.services.reclaim``)."""
 
     NONE = "", "None"
-    STOP = "stop", "Stop"
+    STOP = "stop", "Stop"  # announced as such; done by shelving (``compute.services.shelve``)
     DELETE = "delete", "Delete"
 
 
@@ -78,6 +98,8 @@ class VmTask(models.TextChoices):
     STARTING = "starting", "Starting"
     STOPPING = "stopping", "Stopping"
     REBOOTING = "rebooting", "Rebooting"
+    RESETTING = "resetting", "Resetting"  # a hard reset (the reset button)
+    POWERING_OFF = "powering_off", "Powering off"  # forced off at once (pulling the plug)
 
 
 class PowerState(models.TextChoices):

@@ -1,6 +1,6 @@
 import django_filters
 
-from compute.choices import DeviceKind, HostState, Priority, Visibility, VmState
+from compute.choices import DeviceKind, HostState, ImageState, Priority, Visibility, VmState
 from compute.models import Device, Host, Image, Template, VirtualMachine
 from controlplane.api.filters import StrictBooleanFilter
 
@@ -29,10 +29,11 @@ class DeviceFilterSet(django_filters.FilterSet):
 class ImageFilterSet(django_filters.FilterSet):
     visibility = django_filters.ChoiceFilter(choices=Visibility.choices)
     os_distro = django_filters.CharFilter()
+    state = django_filters.ChoiceFilter(choices=ImageState.choices)
 
     class Meta:
         model = Image
-        fields = ["visibility", "os_distro", "format"]
+        fields = ["visibility", "os_distro", "format", "state", "name"]
 
 
 class VirtualMachineFilterSet(django_filters.FilterSet):

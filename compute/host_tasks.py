@@ -14,18 +14,21 @@ network.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from celery import shared_task
 
-from compute.drivers import cloudinit, nccl
+from compute.drivers import cloudinit, nccl, spotwatch
+from compute.drivers.applied import Applied, AppliedStore
 from compute.drivers.base import (
     DeviceKind,
     DiskSpec,
@@ -39,12 +42,15 @@ from compute.drivers.base import (
     PciAddress,
     PowerState,
 )
+from compute.drivers.imagecache import ImageCache, ImageCacheError
 from compute.protocol import (
     ABSENT,
+    CONSOLE_LOG_MAX_BYTES,
     GUESTS_LIST_TASK,
     GUESTS_REPORT,
     INVENTORY_REPORT,
     VM_APPLY_TASK,
+    VM_CONSOLE_LOG_TASK,
     VM_DESCRIBE_TASK,
     VM_OBSERVED_REPORT,
     VmApply,
@@ -70,15 +76,36 @@ def driver() -> HypervisorDriver:
     global _driver
     with _driver_lock:
         if _driver is None:
+            from compute.drivers import accel
             from compute.drivers.libvirt import LibvirtDriver
 
             config = runtime.config()
+            chosen = accel.resolve(config.guest_accel)
             _driver = LibvirtDriver(
                 config.libvirt_uri,
                 cpu_mode=config.guest_cpu_mode,
                 cpu_disable=config.guest_cpu_disable,
+                accel=chosen.accel,
+                host=config.host,
             )
+            if not _driver.simulated:
+                log.info("guests run on %s (%s)", chosen.accel, chosen.reason)
         return _driver
+
+
+def close_driver() -> None:
+    """Close the hypervisor connection in an orderly way (the agent calls it on shutdown):
+    left to the interpreter's exit, libvirt's ``virConnect.__del__`` prints a traceback."""
+    global _driver
+    with _driver_lock:
+        hv, _driver = _driver, None
+    if hv is not None:
+        hv.close()
+
+
+def applied_store() -> AppliedStore:
+    """This agent's record of the last generation applied to each guest, removals included."""
+    return AppliedStore(runtime.config().applied_dir)
 
 
 def _guest_lock(vm_id: str) -> threading.Lock:
@@ -118,22 +145,44 @@ def _nics(message: VmApply) -> tuple[GuestNic, ...]:
             addresses=i.addresses,
             gateway=i.gateway,
             dns=i.dns,
+            search=i.search,
         )
         for i in message.interfaces
     )
 
 
-def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
-    """The guest's root disk: a qcow2 overlay on the image, made once per VM.
+def _image_path(message: VmApply) -> str:
+    """The local path of the guest's image: its verified copy in this host's image cache
+    (fetched on first use), or, for an image pre-staged on every host, its location."""
+    if not message.image_url:
+        if not Path(message.image_location).exists():
+            raise DriverError(f"image {message.image_location} is not in this host's store")
+        return message.image_location
+    cache = ImageCache(runtime.config().image_cache_dir)
+    try:
+        path = cache.ensure(
+            checksum=message.image_checksum, size=message.image_size, url=message.image_url
+        )
+    except ImageCacheError as e:
+        raise DriverError(f"image {message.image_checksum}: {e}") from e
+    return str(path)
 
-    On a simulated host (libvirt's test driver reads no disk) nothing is copied and the
-    domain names the overlay path only; a real host needs the image in its store.
+
+def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
+    """The guest's root disk: a qcow2 overlay on the image's cached copy, made once per VM.
+
+    On a simulated host (libvirt's test driver reads no disk) nothing is fetched or copied
+    and the domain names the overlay path only.
     """
+    kept = message.extra.get("root_disk")
+    if kept:  # an unshelved VM boots its kept disk, in the shelve store every host reaches
+        if not getattr(hv, "simulated", False) and not Path(kept).exists():
+            raise DriverError(f"kept disk {kept} is not in this host's shelve store")
+        return DiskSpec(source=kept, format="qcow2")
     path = instance_dir(message.vm_id) / "root.qcow2"
     if getattr(hv, "simulated", False) or path.exists():
         return DiskSpec(source=str(path), format="qcow2")
-    if not Path(message.image_location).exists():
-        raise DriverError(f"image {message.image_location} is not in this host's store")
+    backing = _image_path(message)
     qemu_img = shutil.which("qemu-img")
     if qemu_img is None:
         raise DriverError("qemu-img is not installed on this host")
@@ -149,7 +198,7 @@ def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
             "-F",
             message.image_format,
             "-b",
-            message.image_location,
+            backing,
             str(partial),
             f"{message.disk_gib}G",
         ],
@@ -161,6 +210,21 @@ def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
     return DiskSpec(source=str(path), format="qcow2")
 
 
+def keep_root_disk(vm_id: str, kept: str, hv: HypervisorDriver) -> None:
+    """Move the guest's instance overlay to ``kept`` (shelve), unless it is there already
+    (a repeated task, or a VM that booted from its kept disk). On a simulated host no disk
+    exists: the controller records ``kept`` on the VM, and that is the record."""
+    source = instance_dir(vm_id) / "root.qcow2"
+    target = Path(kept)
+    if getattr(hv, "simulated", False) or target.exists() or not source.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
+    log.info("vm %s: root disk kept at %s", vm_id, target)
+
+
 def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
     """The driver's spec for ``message``, with its cloud-init seed written (NCCL topology
     included for GPU guests, network configuration for guests with NICs)."""
@@ -168,6 +232,7 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
         vm_id=message.vm_id,
         generation=message.generation,
         name=message.name,
+        console_log=str(instance_dir(message.vm_id) / "console.log"),
         vcpus=message.vcpus,
         memory_mib=message.memory_mib,
         numa_cell=message.numa_cell,
@@ -177,6 +242,11 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
     files = {}
     if spec.gpus:
         files = nccl.guest_files(spec)
+    private = metadata_files(message)
+    commands = []
+    if private:  # a guest that can ask the metadata endpoint watches for scheduled stops
+        files = {**files, **spotwatch.guest_files()}
+        commands.append(spotwatch.ENABLE)
     seed = cloudinit.write_seed(
         instance_dir(message.vm_id) / "seed.iso",
         instance_id=message.vm_id,
@@ -186,7 +256,8 @@ def guest_spec(message: VmApply, hv: HypervisorDriver) -> GuestSpec:
         files=files,
         nics=spec.nics,
         mounts=[(m.source, m.mount_point, m.fstype, m.options) for m in message.mounts],
-        private_files=metadata_files(message),
+        private_files=private,
+        commands=commands,
     )
     volumes = prepare_volumes(message.volumes, hv)
     return replace(spec, disks=(_root_disk(message, hv), *volumes), seed_iso=str(seed))
@@ -243,6 +314,50 @@ def _prepare_host_network(spec: GuestSpec, hv: HypervisorDriver) -> None:
         log.info("vm %s generation %d: made taps %s", spec.vm_id, spec.generation, made)
 
 
+def _taps_go_to_netns(spec: GuestSpec, hv: HypervisorDriver) -> str:
+    """The network namespace this host's tenant network lives in when it is not the one
+    libvirt and QEMU run in (a real guest on a simulated host), else ""."""
+    netns = runtime.config().network_netns
+    if getattr(hv, "simulated", False) or not netns:
+        return ""
+    return netns if any(n.kind is NicKind.TAP for n in spec.nics) else ""
+
+
+def hand_taps_to_netns(spec: GuestSpec, netns: str) -> list[str]:
+    """Move the taps of ``spec``'s just-started guest from the namespace QEMU opened them
+    in into the host's network namespace ``netns``, and have the network side bridge them
+    at once. QEMU keeps its file descriptor across the move, so the guest's NIC now sits on
+    the host's overlay. A same-named tap there (the network side makes one for every tap
+    port it is told of, and a stopped guest leaves its own) holds no guest and is replaced.
+    Returns the names moved; a repeat moves nothing. Holds the network side's lock, so its
+    resyncs never race the swap."""
+    from network import host_tasks as network_tasks
+
+    here, there = Netlink(), Netlink(netns)
+    moved = []
+    try:
+        with network_tasks.exclusive():
+            mine, theirs = here.links(), there.links()
+            for nic in spec.nics:
+                if nic.kind is not NicKind.TAP or nic.device not in mine:
+                    continue
+                try:
+                    if nic.device in theirs:
+                        there.delete_link(theirs[nic.device].index, nic.device)
+                    here.move_to_netns(mine[nic.device].index, nic.device, netns)
+                except NetworkDriverError as e:
+                    raise DriverError(f"tap {nic.device} into {netns}: {e}") from e
+                moved.append(nic.device)
+    finally:
+        here.close()
+        there.close()
+    if moved:
+        log.info("vm %s: taps %s moved into %s", spec.vm_id, moved, netns)
+        if network_tasks.enabled():
+            network_tasks.network_report()  # resync now: the taps join their bridges
+    return moved
+
+
 # --- tasks ---------------------------------------------------------------------------------
 
 
@@ -261,11 +376,78 @@ def _observed(message: VmApply, *, generation: int, power: str, ok: bool = True,
     )
 
 
-def apply(message: VmApply, hv: HypervisorDriver) -> tuple[int, str]:
-    """Converge one guest to ``message``; returns the (generation, power) it ends at."""
+def converge_volumes(spec: GuestSpec, hv: HypervisorDriver) -> None:
+    """Make a running guest's volumes those of ``spec`` at once, live and in its
+    definition: detach what it should no longer have, attach what it lacks, grow what grew.
+    Every step is an idempotent ``ensure_*``."""
+    wanted = {d.target_dev: d for d in spec.disks if d.pool}
+    for target, (pool, volume, _serial) in hv.volume_disks(spec.vm_id).items():
+        disk = wanted.get(target)
+        if disk is None or (disk.pool, disk.source) != (pool, volume):
+            hv.ensure_disk_detached(spec.vm_id, target)
+    for disk in wanted.values():
+        hv.ensure_disk_attached(spec.vm_id, disk)
+        if disk.size_bytes:
+            hv.ensure_disk_size(spec.vm_id, disk.target_dev, disk.size_bytes)
+
+
+def _superseded(message: VmApply, held: Applied | None) -> bool:
+    """Whether this host already applied something newer for the guest than ``message``:
+    a removal at the same or a later generation (a tombstone), or any later generation."""
+    if held is None:
+        return False
+    if held.absent and message.desired != ABSENT:
+        return message.generation <= held.generation
+    return message.generation < held.generation
+
+
+def _as_held(message: VmApply, held: Applied | None, hv: HypervisorDriver) -> tuple[int, str]:
+    try:
+        current = hv.get_guest(message.vm_id)
+    except GuestNotFound:
+        return (held.generation if held else message.generation), ABSENT
+    return current.generation, current.power.value
+
+
+def apply(
+    message: VmApply, hv: HypervisorDriver, store: AppliedStore | None = None
+) -> tuple[int, str]:
+    """Converge one guest to ``message``; returns the (generation, power) it ends at.
+
+    A message older than what this host last applied or removed for the guest changes
+    nothing (a redelivered ``vm_apply`` never brings a deleted guest back), nor does one
+    past its ``expires_at``; either way the answer is what the host holds."""
+    store = store or applied_store()
+    held = store.get(message.vm_id)
+    if _superseded(message, held):
+        log.warning(
+            "vm %s: generation %d %s ignored, generation %d %s already applied here",
+            message.vm_id,
+            message.generation,
+            message.desired,
+            held.generation,
+            "removed" if held.absent else "applied",
+        )
+        return _as_held(message, held, hv)
+    if message.desired != ABSENT and message.expires_at and time.time() > message.expires_at:
+        log.warning(
+            "vm %s: generation %d expired before it was applied; ignored",
+            message.vm_id,
+            message.generation,
+        )
+        return _as_held(message, held, hv)
     if message.desired == ABSENT:
+        keep = message.extra.get("keep_root_disk")
+        if keep:  # shelve: stop gracefully, keep the disk, then undefine (each idempotent)
+            with contextlib.suppress(GuestNotFound):
+                hv.ensure_stopped(message.vm_id, graceful_timeout_s=message.graceful_timeout_s)
+            keep_root_disk(message.vm_id, keep, hv)
         hv.ensure_absent(message.vm_id)
         shutil.rmtree(instance_dir(message.vm_id), ignore_errors=True)
+        remove = message.extra.get("remove_root_disk")
+        if remove:
+            Path(remove).unlink(missing_ok=True)
+        store.record(message.vm_id, message.generation, absent=True)
         return message.generation, ABSENT
     try:
         current = hv.get_guest(message.vm_id)
@@ -281,14 +463,28 @@ def apply(message: VmApply, hv: HypervisorDriver) -> tuple[int, str]:
         return current.generation, current.power.value
     first_apply = current is None or current.generation < message.generation
     spec = guest_spec(message, hv)
+    if current is not None and current.power is PowerState.RUNNING:
+        # Before the new generation is recorded: a guest that has not released a disk
+        # leaves the generation behind, so the controller's reconcile sends the work again.
+        converge_volumes(spec, hv)
     state = hv.ensure_defined(spec)
     if message.desired == "running":
         if message.reboot and first_apply and state.power is PowerState.RUNNING:
             hv.ensure_stopped(message.vm_id, graceful_timeout_s=message.graceful_timeout_s)
-        _prepare_host_network(spec, hv)
-        state = hv.ensure_running(message.vm_id)
+        netns = _taps_go_to_netns(spec, hv)
+        if message.reset and first_apply and state.power is PowerState.RUNNING:
+            state = hv.reset(message.vm_id)  # the same QEMU: its taps stay where they are
+        if netns and state.power is PowerState.RUNNING and not (message.reboot and first_apply):
+            # Running: its taps already sit in the host's namespace, held by its QEMU.
+            state = hv.ensure_running(message.vm_id)
+        else:
+            _prepare_host_network(spec, hv)
+            state = hv.ensure_running(message.vm_id)
+            if netns:
+                hand_taps_to_netns(spec, netns)
     else:
         state = hv.ensure_stopped(message.vm_id, graceful_timeout_s=message.graceful_timeout_s)
+    store.record(message.vm_id, state.generation, absent=False)
     log.info("vm %s generation %d: %s", message.vm_id, state.generation, state.power.value)
     return state.generation, state.power.value
 
@@ -340,6 +536,22 @@ def vm_describe(*, vm_id: str, operation_id: str) -> None:
     reports.operation_result(host, operation_id, ok=True, result=result)
 
 
+@shared_task(name=VM_CONSOLE_LOG_TASK, acks_late=True, time_limit=30, ignore_result=True)
+def vm_console_log(*, vm_id: str, operation_id: str, max_bytes: int = CONSOLE_LOG_MAX_BYTES):
+    """Answer a console-log request: the last ``max_bytes`` (at most 64 KiB) of the guest's
+    serial console, decoded as UTF-8 (undecodable bytes replaced)."""
+    host = runtime.config().host
+    try:
+        data = driver().console_log(vm_id, min(max_bytes, CONSOLE_LOG_MAX_BYTES))
+    except DriverError as e:
+        reports.operation_result(
+            host, operation_id, ok=False, error_code="host_error", error_message=str(e)
+        )
+        return
+    result = {"output": data.decode("utf-8", "replace"), "bytes": len(data)}
+    reports.operation_result(host, operation_id, ok=True, result=result)
+
+
 @shared_task(name=GUESTS_LIST_TASK, acks_late=True, time_limit=60, ignore_result=True)
 def guests_list(*, operation_id: str) -> None:
     """Answer an operator's question: every Kumo guest on this host, read from libvirt."""
@@ -371,6 +583,13 @@ def inventory_report() -> None:
 
 
 def guests_report() -> None:
-    """Send every Kumo guest this host holds; the controller reconciles against it."""
+    """Send every Kumo guest this host holds; the controller reconciles against it. The
+    report is stamped with the moment before libvirt was read, so it never claims to be
+    newer than what it saw."""
+    taken_at = reports.now()
     guests = [_guest_wire(g) for g in driver().list_guests()]
-    reports.send(runtime.config().host, GUESTS_REPORT, {"guests": guests})
+    try:
+        applied_store().prune()
+    except OSError as e:
+        log.warning("applied-generation records not pruned: %s", e)
+    reports.send(runtime.config().host, GUESTS_REPORT, {"guests": guests}, taken_at=taken_at)

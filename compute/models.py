@@ -10,8 +10,10 @@ from django.db.models import Q
 
 from compute.choices import (
     DeviceKind,
+    EvictAction,
     HostState,
     ImageFormat,
+    ImageState,
     PlacementPolicy,
     PowerState,
     Priority,
@@ -55,6 +57,9 @@ class Host(models.Model):
     zone = models.CharField(max_length=64, blank=True)
     # Inventory, as the agent last reported it.
     hypervisor = models.CharField(max_length=32, blank=True)
+    guest_accel = models.CharField(
+        max_length=8, blank=True, help_text="how real guests run: kvm or tcg (QEMU emulation)"
+    )
     vcpus = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveBigIntegerField(default=0)
     numa_cells = models.JSONField(default=list, blank=True, help_text="[{id, cpus, memory_mib}]")
@@ -149,6 +154,12 @@ class Template(models.Model):
         validators=[MaxValueValidator(3600)],
         help_text="seconds a spot VM of this size runs after its eviction notice",
     )
+    evict_action = models.CharField(
+        max_length=8,
+        choices=EvictAction.choices,
+        default=EvictAction.STOP,
+        help_text="what an evicted spot VM of this size becomes: evicted, or shelved",
+    )
     active = models.BooleanField(default=True, help_text="offered for new VMs")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -170,19 +181,49 @@ class Template(models.Model):
 class ImageQuerySet(models.QuerySet):
     def usable_by(self, project):
         """Images ``project`` may boot: public ones and its own."""
-        return self.filter(Q(visibility=Visibility.PUBLIC) | Q(project=project), active=True)
+        return self.filter(
+            Q(visibility=Visibility.PUBLIC) | Q(project=project), state=ImageState.ACTIVE
+        )
+
+    def visible_to(self, project):
+        """Images ``project`` sees: the public active ones and its own not deleted (an
+        upload of its own in progress or failed included)."""
+        return self.filter(
+            Q(visibility=Visibility.PUBLIC, state=ImageState.ACTIVE)
+            | Q(
+                project=project,
+                state__in=[ImageState.UPLOADING, ImageState.ACTIVE, ImageState.FAILED],
+            )
+        )
 
 
 class Image(models.Model):
-    """A bootable disk image: public (operators') or one project's own."""
+    """A bootable disk image: public (operators') or one project's own.
+
+    ``location`` is the key of its bytes in the image store (``compute.drivers.imagestore``),
+    or, for an image an operator registered by path, an absolute path every host holds
+    (pre-staged). ``checksum`` and ``size_bytes`` are what the store computed on upload;
+    hosts verify their cached copy against ``checksum`` before every use.
+    """
 
     name = models.CharField(max_length=100)
     description = models.CharField(max_length=200, blank=True)
     os_distro = models.CharField(max_length=32, help_text="e.g. ubuntu")
     os_version = models.CharField(max_length=32, blank=True, help_text="e.g. 24.04")
     format = models.CharField(max_length=8, choices=ImageFormat.choices)
-    location = models.CharField(max_length=500, help_text="path on the hosts' image store")
-    checksum = models.CharField(max_length=80, help_text="sha256:<hex>")
+    location = models.CharField(
+        max_length=500, blank=True, help_text="the image store's key, or a path on every host"
+    )
+    checksum = models.CharField(
+        max_length=80, blank=True, help_text="sha256:<hex> (while uploading: the one expected)"
+    )
+    login_user = models.CharField(
+        max_length=32, blank=True, help_text="the user a guest of this image is logged into"
+    )
+    state = models.CharField(
+        max_length=12, choices=ImageState.choices, default=ImageState.ACTIVE, db_index=True
+    )
+    state_reason = models.CharField(max_length=500, blank=True)
     size_bytes = models.PositiveBigIntegerField(default=0)
     min_disk_gib = models.PositiveIntegerField(default=0)
     min_memory_gib = models.PositiveIntegerField(default=0)
@@ -190,7 +231,6 @@ class Image(models.Model):
     project = models.ForeignKey(
         Project, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
     )
-    active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ImageQuerySet.as_manager()
@@ -324,6 +364,11 @@ class VirtualMachine(ProjectOwnedModel):
     )
     reclaim_at = models.DateTimeField(null=True, blank=True)
     reclaim_noticed_at = models.DateTimeField(null=True, blank=True)
+    # Shelving (``compute.services.shelve``): where its kept root disk lives (a path in the
+    # shelve store every host reaches); empty when it has none. Set at shelve, kept while
+    # the VM lives: an unshelved VM boots from it, and a second shelve keeps it in place.
+    kept_disk = models.CharField(max_length=500, blank=True)
+    shelved_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -347,15 +392,26 @@ class VirtualMachine(ProjectOwnedModel):
 
 
 class CapacityGuarantee(models.Model):
-    """A project's guaranteed minimum (mdx's Rmin): ``min_gpus`` GPUs that spot preemption
-    never takes from it. Its GPU VMs count towards the minimum on-demand first, then spot
-    oldest first; its spot VMs within the minimum are never chosen as victims
-    (``compute.services.spot``). Operators set it; the project reads it."""
+    """A project's guaranteed minimum (mdx's Rmin): ``min_gpus`` GPUs of ``gpu_model`` and
+    ``min_vcpus`` vCPUs that are its whenever it asks (``compute.guarantees``).
+
+    - Other projects' on-demand VMs never take the headroom (the minimum less what the
+      project's on-demand VMs use): placement refuses them; only spot VMs may run there,
+      and they are evicted with their full notice when the project asks.
+    - Spot preemption never takes the project's own spot VMs within the minimum
+      (``compute.services.spot``).
+    - The sum of the minimums of one GPU model never exceeds that model's GPUs in the
+      fleet (``compute.guarantees.guarantee_set`` refuses it, under a lock).
+    Operators set it; the project reads it."""
 
     project = models.OneToOneField(
         Project, on_delete=models.CASCADE, related_name="capacity_guarantee"
     )
     min_gpus = models.PositiveIntegerField(default=0)
+    gpu_model = models.CharField(
+        max_length=64, blank=True, help_text="the GPU model of min_gpus, e.g. A100-SXM4-40GB"
+    )
+    min_vcpus = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

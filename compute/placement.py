@@ -62,16 +62,8 @@ class ClaimConflict(Exception):
 
 def _host_views(hosts) -> list[HostView]:
     """Views of the hosts of queryset ``hosts``: free capacity and free GPUs per cell."""
-    views = {
-        row["id"]: HostView(
-            id=row["id"],
-            name=row["name"],
-            rack=row["rack"],
-            vcpus_free=int(row["vcpus"] * row["cpu_allocation_ratio"]) - row["vcpus_used"],
-            memory_mib_free=int(row["memory_mib"] * row["ram_allocation_ratio"])
-            - row["memory_mib_used"],
-        )
-        for row in hosts.values(
+    rows = list(
+        hosts.values(
             "id",
             "name",
             "rack",
@@ -82,6 +74,23 @@ def _host_views(hosts) -> list[HostView]:
             "vcpus_used",
             "memory_mib_used",
         )
+    )
+    capacity = {
+        row["id"]: (
+            int(row["vcpus"] * row["cpu_allocation_ratio"]),
+            int(row["memory_mib"] * row["ram_allocation_ratio"]),
+        )
+        for row in rows
+    }
+    views = {
+        row["id"]: HostView(
+            id=row["id"],
+            name=row["name"],
+            rack=row["rack"],
+            vcpus_free=capacity[row["id"]][0] - row["vcpus_used"],
+            memory_mib_free=capacity[row["id"]][1] - row["memory_mib_used"],
+        )
+        for row in rows
     }
     gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
     for host_id, device_id, cell, model, vm_id in gpus.values_list(
@@ -94,6 +103,12 @@ def _host_views(hosts) -> list[HostView]:
         free = host.cells.setdefault(cell, [])
         if vm_id is None:
             free.append(device_id)
+    reserve = settings.GPU_HOST_CPU_RESERVE
+    for view in views.values():
+        if view.gpus_total and reserve > 0:
+            vcpus, memory = capacity[view.id]
+            view.vcpus_per_gpu = int(vcpus * reserve) // view.gpus_total
+            view.memory_mib_per_gpu = int(memory * reserve) // view.gpus_total
     return list(views.values())
 
 
@@ -228,9 +243,15 @@ def place(vm: VirtualMachine) -> Placement:
     """Decide and claim a host for ``vm`` in the caller's transaction.
 
     Retries a lost race on a refreshed view; when nothing fits even on a fresh view, raises
-    ``NoValidHost`` with the reason for the user.
+    ``NoValidHost`` with the reason for the user. An on-demand VM that would take other
+    projects' guaranteed headroom is refused first (``compute.guarantees``).
     """
     req = request_for(vm)
+    from compute import guarantees
+
+    refusal = guarantees.admission_refusal(vm)
+    if refusal:
+        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
     fresh = False
     for _attempt in range(CLAIM_ATTEMPTS):
         with view.lock:

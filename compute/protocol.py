@@ -13,6 +13,8 @@ from compute.drivers.base import HostInventory
 # Commands, on the host's own queue.
 VM_APPLY_TASK = "kumo.host.compute.vm_apply"
 VM_DESCRIBE_TASK = "kumo.host.compute.vm_describe"
+VM_CONSOLE_LOG_TASK = "kumo.host.compute.vm_console_log"
+CONSOLE_LOG_MAX_BYTES = 65536  # what the console log keeps and answers, as Nova's
 GUESTS_LIST_TASK = "kumo.host.compute.guests_list"
 
 # Reports, to the controller's queue.
@@ -42,7 +44,7 @@ class InterfaceWire:
     function passed through at ``pci_address`` (it also appears in ``VmApply.devices``).
     ``addresses`` are the guest's static addresses with their prefix length
     (``192.168.10.11/24``), written into the guest's cloud-init network configuration
-    with ``gateway`` (empty: none) and ``dns``.
+    with ``gateway`` (empty: none), ``dns`` servers and ``search`` domains.
     """
 
     port_id: str
@@ -54,6 +56,7 @@ class InterfaceWire:
     addresses: tuple[str, ...] = ()
     gateway: str = ""
     dns: tuple[str, ...] = ()
+    search: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,18 @@ class VmApply:
     """What the controller wants of one guest at one generation.
 
     ``desired`` is running, stopped or absent. ``reboot`` asks for one power cycle, done
-    only by the call that first applies this generation, so a repeated message never
-    reboots twice.
+    only by the call that first applies this generation, so a repeated message never reboots
+    twice. ``reset`` asks, the same way, for one hard reset (``virDomainReset``).
+    ``graceful_timeout_s`` 0 forces a stop at once (the power-off action). ``expires_at``
+    (seconds since the epoch, 0: never) is when the host stops acting on it: a message the
+    broker delivers late is dropped, and the reconcile sends what is still wanted afresh. A
+    host never acts on a generation older than the one it
+    last applied or removed (``compute.drivers.applied``).
+
+    The image: ``image_url`` (a presigned or signed URL, or ``file://``), with
+    ``image_checksum`` (``sha256:<hex>``) and ``image_size``, is what the host fetches into its
+    image cache (``compute.drivers.imagecache``) and verifies; ``image_url`` empty means the
+    image is pre-staged on every host at ``image_location``.
     """
 
     vm_id: str
@@ -100,16 +113,21 @@ class VmApply:
     devices: tuple[DeviceWire, ...] = ()
     image_location: str = ""
     image_format: str = "qcow2"
+    image_url: str = ""
+    image_checksum: str = ""
+    image_size: int = 0
     disk_gib: int = 0
     ssh_keys: tuple[str, ...] = ()
     user_data: str = ""
     reboot: bool = False
+    reset: bool = False
     graceful_timeout_s: float = 60.0
     operation_id: str = ""
     interfaces: tuple[InterfaceWire, ...] = ()
     volumes: tuple[VolumeWire, ...] = ()
     mounts: tuple[MountWire, ...] = ()
     extra: dict = field(default_factory=dict)
+    expires_at: float = 0.0
 
     def to_wire(self) -> dict:
         return asdict(self)
@@ -121,7 +139,12 @@ class VmApply:
         data["ssh_keys"] = tuple(data.get("ssh_keys", ()))
         data["interfaces"] = tuple(
             InterfaceWire(
-                **{**i, "addresses": tuple(i.get("addresses", ())), "dns": tuple(i.get("dns", ()))}
+                **{
+                    **i,
+                    "addresses": tuple(i.get("addresses", ())),
+                    "dns": tuple(i.get("dns", ())),
+                    "search": tuple(i.get("search", ())),
+                }
             )
             for i in data.get("interfaces", ())
         )

@@ -1,5 +1,5 @@
 """Compute's part of project quotas: VMs, vCPUs, memory and GPUs, counted from the VMs
-that exist (every state but deleted and evicted holds its share)."""
+that exist (every state but deleted, evicted and shelved holds its share)."""
 
 from django.db.models import Count, Sum
 
@@ -7,7 +7,7 @@ from compute.choices import VmState
 from compute.models import VirtualMachine
 from tenants import quotas
 
-RELEASED = [VmState.DELETED, VmState.EVICTED]
+RELEASED = [VmState.DELETED, VmState.EVICTED, VmState.SHELVED]
 
 
 def _usage(project) -> dict[str, int]:

@@ -9,7 +9,8 @@ The rules:
   node (8 on an 8-GPU host).
 * GPU VMs pack: the host and cell with the fewest free GPUs that still fit, so whole
   nodes stay free for 8-GPU VMs. CPU VMs spread (most free vCPUs) and keep off GPU hosts
-  while CPU hosts have room.
+  while CPU hosts have room; on a GPU host they take only what its free GPUs do not need
+  (``gpu_reserve_filter``), so no GPU is ever stranded by CPU work.
 * Placement groups: affinity (the members' host), anti-affinity (a host with no member),
   compact (the members' rack).
 * Only hosts that are up are in the view: drained, in maintenance or down take nothing.
@@ -49,6 +50,10 @@ class HostView:
     gpu_model: str = ""
     cells: dict[int, list[int]] = field(default_factory=dict)
     cell_sizes: dict[int, int] = field(default_factory=dict)
+    # What each free GPU needs of the host's vCPUs and memory to be usable, held back
+    # from CPU VMs (``gpu_reserve_filter``); 0 holds nothing back.
+    vcpus_per_gpu: int = 0
+    memory_mib_per_gpu: int = 0
 
     @property
     def gpus_total(self) -> int:
@@ -131,6 +136,21 @@ def gpu_filter(host: HostView, req: Request) -> bool:
     return _pick_cell(host, req.gpus) is not False
 
 
+def gpu_reserve_filter(host: HostView, req: Request) -> bool:
+    """No GPU stranded by CPU work: a CPU VM takes only the vCPUs and memory a GPU host does
+    not need for its free GPUs (each free GPU keeps ``vcpus_per_gpu`` and
+    ``memory_mib_per_gpu``, the host's share per GPU times ``KUMO_GPU_HOST_CPU_RESERVE``).
+    Applied while the view holds CPU hosts (``Scheduler.select``): a fleet of GPU hosts
+    only has nowhere else for CPU VMs to go."""
+    if req.gpus or not host.gpus_free:
+        return True
+    free = host.gpus_free
+    return (
+        host.vcpus_free - req.vcpus >= free * host.vcpus_per_gpu
+        and host.memory_mib_free - req.memory_mib >= free * host.memory_mib_per_gpu
+    )
+
+
 def affinity_filter(host: HostView, req: Request) -> bool:
     return req.group_policy != "affinity" or not req.group_hosts or host.id in req.group_hosts
 
@@ -148,13 +168,17 @@ GROUP_FILTERS = (affinity_filter, anti_affinity_filter, compact_filter)
 FILTERS: dict[str, Filter] = {
     "gpu": gpu_filter,
     "capacity": capacity_filter,
+    "gpu_reserve": gpu_reserve_filter,
     "affinity": affinity_filter,
     "anti_affinity": anti_affinity_filter,
     "compact": compact_filter,
 }
+# The filters without the GPU reserve, for a view with no CPU host.
+FILTERS_NO_RESERVE = {name: f for name, f in FILTERS.items() if name != "gpu_reserve"}
 FILTER_REASONS = {
     "gpu": "without enough free GPUs of that model",
     "capacity": "without enough free vCPUs or memory",
+    "gpu_reserve": "GPU hosts whose spare vCPUs and memory their free GPUs need",
     "affinity": "not the host of the placement group (affinity)",
     "anti_affinity": "already hold a member of the placement group (anti-affinity)",
     "compact": "outside the placement group's rack (compact)",
@@ -221,6 +245,7 @@ class Scheduler:
         self._cpu_order: list[int] = []
         self._gpu_index: dict[tuple[str, tuple[int, ...]], set[int]] = defaultdict(set)
         self._start = itertools.count()
+        self._cpu_hosts = 0  # hosts of the view with no GPU
         for host in hosts:
             self.add(host)
 
@@ -233,6 +258,8 @@ class Scheduler:
         self._cpu_order.append(host.id)
         if host.gpus_total:
             self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
+        else:
+            self._cpu_hosts += 1
 
     def remove(self, host_id: int) -> None:
         host = self.hosts.pop(host_id, None)
@@ -241,6 +268,8 @@ class Scheduler:
         self._cpu_order.remove(host_id)
         if host.gpus_total:
             self._gpu_index[(host.gpu_model, host.pattern())].discard(host_id)
+        else:
+            self._cpu_hosts -= 1
 
     def reserve(self, placement: Placement, req: Request) -> None:
         """Take what ``placement`` holds out of the view (before the claim commits)."""
@@ -288,9 +317,10 @@ class Scheduler:
         rejected: Counter = Counter()
         feasible: list[HostView] = []
         visited = 0
+        filters = FILTERS if self._cpu_hosts else FILTERS_NO_RESERVE
         for host in self._candidates(req):
             visited += 1
-            failed = next((name for name, f in FILTERS.items() if not f(host, req)), None)
+            failed = next((name for name, f in filters.items() if not f(host, req)), None)
             if failed is not None:
                 rejected[failed] += 1
                 continue

@@ -24,6 +24,7 @@ class AuditContext:
     source: str = AuditSource.SYSTEM
     ip_address: str | None = None
     request_id: str = ""
+    actor_name: str = ""  # who acted when no user did ("scheduler"); the source otherwise
 
 
 _EMPTY = AuditContext()
@@ -44,6 +45,18 @@ def audit_context(**fields):
         yield _context.get()
     finally:
         _context.reset(token)
+
+
+@contextmanager
+def acting_as(name: str):
+    """Run a block as Kumo itself (``name``, e.g. ``"scheduler"``): no user, no address, no
+    request id. For work a request does in *another* project's name (the on-demand VM of
+    project B that gives project A's spot VM its eviction notice): a record in one
+    project's trail never carries another project's user, address or request."""
+    with audit_context(
+        actor=None, actor_name=name, source=AuditSource.CONTROLLER, ip_address=None, request_id=""
+    ) as ctx:
+        yield ctx
 
 
 def set_actor(user) -> None:
@@ -73,7 +86,7 @@ def record(
         object_repr = object_repr if object_repr is not None else str(obj)[:200]
     return AuditEvent.objects.create(
         actor=actor,
-        actor_name=actor.get_username() if actor else ctx.source,
+        actor_name=actor.get_username() if actor else (ctx.actor_name or ctx.source),
         source=ctx.source,
         action=action,
         object_type=object_type or "",

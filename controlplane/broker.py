@@ -11,6 +11,10 @@ EMBEDDED_BROKER_URL = "filesystem://"
 # Every process that talks to the embedded broker imports this module first (the settings,
 # the agent's configuration): ``filesystem://`` means Kumo's atomic-write variant.
 TRANSPORT_ALIASES["filesystem"] = "controlplane.fs_transport:Transport"
+# ``redis://`` (and ``rediss://``) means kombu's Redis transport with the fix that keeps a
+# worker alive when Redis restarts with a message in flight (``controlplane.redis_transport``).
+TRANSPORT_ALIASES["redis"] = "controlplane.redis_transport:Transport"
+TRANSPORT_ALIASES["rediss"] = "controlplane.redis_transport:Transport"
 
 
 def transport_options(broker_url: str, var_dir: Path) -> dict:

@@ -43,6 +43,11 @@ app.conf.beat_schedule = {
         "schedule": settings.NETWORK_SYNC_S,
     },
     "sync-shares": {"task": "kumo.control.shares_sync", "schedule": settings.SHARE_SYNC_S},
+    "renewal-reminders": {"task": "kumo.control.renewal_reminders_send", "schedule": 3600.0},
+    "refresh-federation-metadata": {
+        "task": "kumo.control.federation_metadata_refresh",
+        "schedule": settings.SAML_METADATA_REFRESH_S,
+    },
     "measure-buckets": {
         "task": "kumo.control.buckets_measure",
         "schedule": settings.BUCKET_USAGE_S,

@@ -47,3 +47,10 @@ class Conflict(KumoError):
 
 class QuotaExceeded(Conflict):
     code = "quota_exceeded"
+
+
+class HostUnavailable(KumoError):
+    """A host could not answer what was asked of it (502)."""
+
+    status = 502
+    code = "host_error"

@@ -8,8 +8,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane import audit
+from controlplane import audit, egress
 from controlplane.choices import AuditOutcome, AuditSource, OperationState
+from controlplane.errors import InvalidInput
 from controlplane.models import IdempotencyKey, Operation, Webhook
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ def operation_start(*, operation_id) -> bool:
     )
 
 
+DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
 @transaction.atomic
 def operation_finish(
     *,
@@ -55,19 +59,37 @@ def operation_finish(
     error_message: str = "",
 ) -> Operation | None:
     """Finish an operation once. A second report for a finished operation changes nothing
-    (messages can be delivered twice), and so does a report for an unknown id."""
+    (messages can be delivered twice), and so does a report for an unknown id.
+
+    One exception: an operation the reaper failed for its deadline alone takes the outcome
+    that arrives late (the work was done after all, or failed for a reason now known), and
+    its result keeps ``deadline_exceeded_at``, so it says both."""
     now = timezone.now()
     state = OperationState.SUCCEEDED if ok else OperationState.FAILED
+    fields = {
+        "state": state,
+        "result": result or {},
+        "error_code": error_code[:64],
+        "error_message": error_message,
+        "finished_at": now,
+        "updated_at": now,
+    }
     updated = Operation.objects.filter(
         pk=operation_id, state__in=[OperationState.PENDING, OperationState.RUNNING]
-    ).update(
-        state=state,
-        result=result or {},
-        error_code=error_code[:64],
-        error_message=error_message,
-        finished_at=now,
-        updated_at=now,
-    )
+    ).update(**fields)
+    if not updated and error_code != DEADLINE_EXCEEDED:
+        reaped = (
+            Operation.objects.filter(
+                pk=operation_id, state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED
+            )
+            .values_list("finished_at", flat=True)
+            .first()
+        )
+        if reaped is not None:
+            fields["result"] = {**fields["result"], "deadline_exceeded_at": reaped.isoformat()}
+            updated = Operation.objects.filter(
+                pk=operation_id, state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED
+            ).update(**fields)
     operation = Operation.objects.filter(pk=operation_id).first()
     if updated and operation is not None:
         with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
@@ -92,7 +114,7 @@ def operations_reap(*, now=None) -> int:
         if operation_finish(
             operation_id=operation_id,
             ok=False,
-            error_code="deadline_exceeded",
+            error_code=DEADLINE_EXCEEDED,
             error_message="no result before the deadline; the worker or host may be down",
         ):
             count += 1
@@ -114,6 +136,10 @@ def webhook_create(*, project, url: str, kinds: list[str] | None = None) -> tupl
     shown this once."""
     import secrets
 
+    try:
+        egress.check_saved(url)
+    except egress.Refused as e:
+        raise InvalidInput.field("url", e.reason) from None
     secret = secrets.token_hex(32)
     hook = Webhook.objects.create(project=project, url=url, secret=secret, kinds=kinds or [])
     audit.record("webhook.create", hook, project=project, detail={"url": url, "kinds": kinds})

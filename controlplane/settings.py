@@ -7,6 +7,7 @@ The host agent does not read this module: it has its own small configuration
 (``controlplane/agent/config.py``) with no database and no secret key.
 """
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served by Kumo itself: /api/docs/ works offline
     "axes",
     "django_prometheus",
     "controlplane",
@@ -86,17 +88,26 @@ INSTALLED_APPS = [
     "compute",
     "network",
     "storage",
+    "tenants.federation",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
 ]
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.api.errors.RefuseTraceMiddleware",  # TRACE/CONNECT: 405 everywhere
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # SAML login state (djangosaml2) in a cookie of its own, and the second factor.
+    "djangosaml2.middleware.SamlSessionMiddleware",
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "controlplane.portal.views.auth.RequireSecondFactorMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "controlplane.audit.AuditContextMiddleware",
     # Last, as django-axes asks: it turns a lock-out into a response.
@@ -224,6 +235,15 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
+    # /api/docs/ loads Swagger UI from Kumo's static files (drf-spectacular-sidecar), never
+    # from a CDN: the page works on a network without internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api.schema.postprocess_no_nul",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "RoleEnum": "tenants.choices.Role",
         "DeviceKindEnum": "compute.choices.DeviceKind",
@@ -261,6 +281,12 @@ OPERATION_DEADLINE_S = int(os.environ.get("KUMO_OPERATION_DEADLINE_S", "900"))
 # KUMO_SCHEDULER_VIEW_TTL_S: how long a process keeps its in-memory view of the hosts before
 # reloading it. Staleness costs only retries: every claim re-checks in the database.
 SCHEDULER_VIEW_TTL_S = float(os.environ.get("KUMO_SCHEDULER_VIEW_TTL_S", "10"))
+# KUMO_GPU_HOST_CPU_RESERVE: the share (0 to 1) of a GPU host's vCPUs and memory per GPU
+# that each free GPU keeps from CPU VMs (compute.scheduler.gpu_reserve_filter): 1 (the
+# default) means CPU VMs only use what GPU VMs left spare, so no GPU is stranded; 0 lets
+# CPU VMs take anything. Held back only while some CPU host is up (a fleet of GPU hosts
+# only has nowhere else for CPU VMs).
+GPU_HOST_CPU_RESERVE = float(os.environ.get("KUMO_GPU_HOST_CPU_RESERVE", "1"))
 # KUMO_SCHEDULER_SAMPLE: how many hosts that pass the filters are weighed per decision.
 SCHEDULER_SAMPLE = int(os.environ.get("KUMO_SCHEDULER_SAMPLE", "16"))
 # KUMO_VM_STOP_GRACE_S: seconds a guest has to shut down when stopped before it is forced off.
@@ -268,11 +294,24 @@ VM_STOP_GRACE_S = float(os.environ.get("KUMO_VM_STOP_GRACE_S", "60"))
 # KUMO_VM_OPERATION_DEADLINE_S: a VM provisioning, starting, stopping or rebooting this long
 # without an answer from its host is given up (provisioning: state error).
 VM_OPERATION_DEADLINE_S = int(os.environ.get("KUMO_VM_OPERATION_DEADLINE_S", "600"))
+# KUMO_CONSOLE_LOG_WAIT_S: how long GET .../vms/<id>/console-log waits for the VM's host
+# to answer (compute.api.views) before it answers 202 with the operation to poll instead;
+# a web worker is held that long at most. Default 3.
+CONSOLE_LOG_WAIT_S = float(os.environ.get("KUMO_CONSOLE_LOG_WAIT_S", "3"))
 # KUMO_RECONCILE_GRACE_S: a VM changed less than this long ago is not drift yet (its work may
 # still be on the way); older ones whose guest is missing or behind get their work again.
 RECONCILE_GRACE_S = float(os.environ.get("KUMO_RECONCILE_GRACE_S", "5"))
 # KUMO_ORPHAN_GRACE_S: a guest no VM accounts for is destroyed after it was seen this long.
 ORPHAN_GRACE_S = int(os.environ.get("KUMO_ORPHAN_GRACE_S", "300"))
+# KUMO_VM_APPLY_TTL_S: a host ignores a VM's work (define, start, stop) this many seconds after
+# it was sent (a message redelivered late by the broker); the reconcile sends what is still
+# wanted afresh. Removals never expire. Hosts' clocks must agree with the controller's (NTP).
+VM_APPLY_TTL_S = float(os.environ.get("KUMO_VM_APPLY_TTL_S", "900"))
+
+# KUMO_SHELVE_STORE: the directory where shelved VMs' root disks are kept, at the same path
+# on every host (the image store's file system or a shared pool); read by
+# compute.services.shelve, which names each kept disk <store>/<vm id>.qcow2.
+SHELVE_STORE = os.environ.get("KUMO_SHELVE_STORE", "/var/lib/kumo/shelved")
 
 # --- Spot and reclamation (read by compute.services.spot, compute.services.reclaim) --------
 # KUMO_SPOT_STOP_GRACE_S: once a spot VM's eviction notice ends (each template sets its
@@ -301,6 +340,29 @@ IDLE_WARNING_S = int(os.environ.get("KUMO_IDLE_WARNING_S", "86400"))
 # or above which a VM counts as busy. An idle Linux guest uses well under 1 %.
 IDLE_CPU_PERCENT = float(os.environ.get("KUMO_IDLE_CPU_PERCENT", "2"))
 
+# --- Images (read by compute.services.images) ---------------------------------------------
+# KUMO_IMAGE_STORE: where images' bytes live: "dir" (default) keeps them under
+# KUMO_IMAGE_STORE_DIR (default <var>/images); "s3" keeps them in the bucket
+# KUMO_IMAGE_STORE_BUCKET (default kumo-images) on the object store named by
+# KUMO_OBJECT_STORE_ENDPOINT with its administrator's credentials (below), and hosts fetch
+# them by presigned URL. Only the web process writes the store; agents never hold its keys.
+IMAGE_STORE = {
+    "kind": os.environ.get("KUMO_IMAGE_STORE", "dir"),
+    "dir": os.environ.get("KUMO_IMAGE_STORE_DIR") or str(VAR_DIR / "images"),
+    "bucket": os.environ.get("KUMO_IMAGE_STORE_BUCKET", "kumo-images"),
+}
+# KUMO_IMAGE_FETCH_BASE_URL: with the "dir" store, how hosts fetch an image: empty (default)
+# means hosts read the store's directory themselves (file:// URLs: one machine, as `make
+# run`, or a shared mount); a URL (the web process as hosts reach it, e.g.
+# http://10.0.0.1:8000) means hosts GET <url>/api/v1/image-files/<signed token>, streamed
+# by the web process from the store.
+IMAGE_FETCH_BASE_URL = os.environ.get("KUMO_IMAGE_FETCH_BASE_URL", "").rstrip("/")
+# KUMO_IMAGE_URL_TTL_S: how long the URL a host gets to fetch an image stays valid (seconds).
+IMAGE_URL_TTL_S = int(os.environ.get("KUMO_IMAGE_URL_TTL_S", "3600"))
+# KUMO_IMAGE_MAX_BYTES: the largest image an upload may store (bytes; default 64 GiB);
+# larger uploads are refused (413) and leave nothing in the store.
+IMAGE_MAX_BYTES = int(os.environ.get("KUMO_IMAGE_MAX_BYTES", str(64 << 30)))
+
 # --- Network (read by network.allocation, network.services, network.desired) ---------------
 # KUMO_VNI_RANGE: the VXLAN network identifiers tenant networks get, "first-last" within
 # 1..16777215. Exhaustion answers 409. Hosts give each network its own conntrack zone,
@@ -312,6 +374,16 @@ UNDERLAY_MTU = int(os.environ.get("KUMO_UNDERLAY_MTU", "1500"))
 # KUMO_MAC_PREFIX: the first three octets of the MACs Kumo gives ports (locally
 # administered unicast: the second hex digit is 2, 6, a or e).
 MAC_PREFIX = os.environ.get("KUMO_MAC_PREFIX", "02:4b:55")
+# KUMO_DNS_DOMAIN: the parent domain of the projects' names: VM <vm> of project <slug>
+# resolves as <vm>.<slug>.<domain> (and as <vm> through the guests' search domain) at its
+# network's resolver (network.dns, network.desired). Default "internal" (ICANN keeps
+# .internal for private use). KUMO_DNS_UPSTREAM: comma-separated IPv4 servers the
+# networks' resolvers forward every other name to; empty (default): the nameservers of the
+# gateway host's /etc/resolv.conf, loopback ones left out.
+DNS_DOMAIN = os.environ.get("KUMO_DNS_DOMAIN", "internal").strip(".").lower()
+DNS_UPSTREAM = tuple(
+    s.strip() for s in os.environ.get("KUMO_DNS_UPSTREAM", "").split(",") if s.strip()
+)
 # KUMO_NETWORK_SYNC_S: how often the controller re-sends desired state to hosts that have
 # not reported it applied (a lost message or a restarted agent).
 NETWORK_SYNC_S = float(os.environ.get("KUMO_NETWORK_SYNC_S", "30"))
@@ -360,6 +432,69 @@ EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS")
 # KUMO_FROM_EMAIL: the sender of Kumo's mail.
 DEFAULT_FROM_EMAIL = os.environ.get("KUMO_FROM_EMAIL", "kumo@localhost")
+# KUMO_WEBHOOK_ALLOWED_NETWORKS: comma-separated CIDR ranges webhooks may reach although
+# they are not public (read by controlplane.egress when a webhook is saved and at every
+# delivery), e.g. "10.20.0.0/16,fd00:20::/48" for receivers on a campus network. Empty
+# (default): only public addresses; loopback, link-local, private, unique-local, multicast,
+# unspecified and reserved addresses are refused.
+WEBHOOK_ALLOWED_NETWORKS = tuple(
+    n.strip() for n in os.environ.get("KUMO_WEBHOOK_ALLOWED_NETWORKS", "").split(",") if n.strip()
+)
+
+# --- Federated login and second factor (read by tenants.federation, tenants.mfa) -----------
+# KUMO_BASE_URL: the public URL of the web process as browsers reach it; the SAML SP's
+# entity id, its assertion consumer service and the OIDC redirect URIs derive from it.
+KUMO_BASE_URL = os.environ.get("KUMO_BASE_URL", "http://127.0.0.1:8000")
+# KUMO_SAML_METADATA_URL: the federation's metadata aggregate (https://… or a file path),
+# e.g. GakuNin's https://metadata.gakunin.nii.ac.jp/gakunin-metadata.xml. Empty: no SAML.
+SAML_METADATA_URL = os.environ.get("KUMO_SAML_METADATA_URL", "")
+# KUMO_SAML_FEDERATION_CERT: PEM file of the certificate the aggregate must be signed with.
+SAML_FEDERATION_CERT = os.environ.get("KUMO_SAML_FEDERATION_CERT", "")
+# KUMO_SAML_METADATA_REFRESH_S: how often beat fetches the aggregate again.
+SAML_METADATA_REFRESH_S = float(os.environ.get("KUMO_SAML_METADATA_REFRESH_S", "3600"))
+SAML_METADATA_TIMEOUT_S = float(os.environ.get("KUMO_SAML_METADATA_TIMEOUT_S", "60"))
+# KUMO_SAML_ENTITY_ID: the SP's entity id (default <KUMO_BASE_URL>/saml2/metadata/).
+SAML_ENTITY_ID = os.environ.get("KUMO_SAML_ENTITY_ID", "")
+# KUMO_SAML_SP_KEY / KUMO_SAML_SP_CERT: the SP's key pair (PEM files); unset, one is made
+# once under var/saml/ (register its certificate with the federation).
+SAML_SP_KEY = os.environ.get("KUMO_SAML_SP_KEY", "")
+SAML_SP_CERT = os.environ.get("KUMO_SAML_SP_CERT", "")
+SAML_SP_NAME = os.environ.get("KUMO_SAML_SP_NAME", "Kumo research cloud")
+SAML_SP_CONTACT = os.environ.get("KUMO_SAML_SP_CONTACT", "kumo-admin@localhost")
+# KUMO_SAML_SUBJECT_ATTRIBUTE: the attribute that is the stable subject of a person:
+# eduPersonPrincipalName (default), eduPersonTargetedID, subject-id, pairwise-id, or
+# name_id (a persistent NameID).
+SAML_SUBJECT_ATTRIBUTE = os.environ.get("KUMO_SAML_SUBJECT_ATTRIBUTE", "eduPersonPrincipalName")
+# KUMO_SAML_ACCEPTED_TIME_DIFF_S: clock skew allowed with IdPs (seconds).
+SAML_ACCEPTED_TIME_DIFF_S = int(os.environ.get("KUMO_SAML_ACCEPTED_TIME_DIFF_S", "60"))
+SAML_XMLSEC_BINARY = os.environ.get("KUMO_XMLSEC_BINARY", "/usr/bin/xmlsec1")
+# djangosaml2's own settings: the config comes from the stored aggregate.
+SAML_CONFIG_LOADER = "tenants.federation.metadata.sp_config"
+SAML_SESSION_COOKIE_NAME = "kumo_saml_session"
+# The IdP posts its response cross-site: over https the SAML cookie must be SameSite=None.
+SAML_SESSION_COOKIE_SAMESITE = "None" if env_bool("KUMO_SECURE_COOKIES") else "Lax"
+SAML_IGNORE_AUTHENTICATED_USERS_ON_LOGIN = True
+SAML_DEFAULT_BINDING = "urn:oasis:names:tc:SAML:2.0:bindings:HTTP-Redirect"
+SAML_CSP_HANDLER = ""  # the portal sets no CSP of its own yet
+# KUMO_OIDC_PROVIDERS: JSON list of OpenID Connect providers, each
+# {"name": "orthros", "label": "Orthros", "issuer": "https://…", "client_id": "…",
+#  "client_secret": "…", "scopes": "openid email profile", "subject_claim": "sub"}.
+# The redirect URI to register is <KUMO_BASE_URL>/oidc/<name>/callback/.
+OIDC_PROVIDERS = json.loads(os.environ.get("KUMO_OIDC_PROVIDERS", "[]") or "[]")
+# KUMO_REQUIRE_TOTP: who must use a second factor with a password login: "" (nobody is
+# forced; anyone may enrol), "staff" (operators) or "password" (everyone with a password).
+# Federated logins rely on their identity provider; API tokens are unchanged.
+REQUIRE_TOTP = os.environ.get("KUMO_REQUIRE_TOTP", "")
+OTP_TOTP_ISSUER = os.environ.get("KUMO_TOTP_ISSUER", "Kumo")
+# KUMO_TOTP_FAILURE_LIMIT: wrong codes in a row before a second-factor login waits
+# (django-otp's throttle doubles the wait with each further failure).
+OTP_TOTP_THROTTLE_FACTOR = 1
+OTP_STATIC_THROTTLE_FACTOR = 1
+# KUMO_INVITATION_DAYS: how long an invitation can be accepted.
+INVITATION_DAYS = int(os.environ.get("KUMO_INVITATION_DAYS", "14"))
+# KUMO_INVITATION_ANY_ADDRESS: "1" lets a logged-in user accept an invitation sent to an
+# address other than their own; unset, the invited address must be the user's.
+INVITATION_ANY_ADDRESS = env_bool("KUMO_INVITATION_ANY_ADDRESS")
 
 # KUMO_IDEMPOTENCY_TTL_H: how long a stored Idempotency-Key response is replayed.
 IDEMPOTENCY_TTL_H = int(os.environ.get("KUMO_IDEMPOTENCY_TTL_H", "24"))

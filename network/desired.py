@@ -10,7 +10,8 @@ with their NAT. It reads a fixed number of queries whatever the size of the flee
 import hashlib
 from collections import defaultdict
 
-from network.choices import ConnectionKind, ConnectionState, Direction, PortBinding
+from network import dns
+from network.choices import ConnectionKind, ConnectionState, Direction, NetworkKind, PortBinding
 from network.drivers.base import (
     FirewallRule,
     HostNetworks,
@@ -73,6 +74,27 @@ def _router_plan(gateway: HostNetwork | None):
     for subnet in subnets.order_by("network__vni", "cidr"):
         legs[routers[subnet.project_id]].append(subnet)
     return {router: legs[router] for router in routers.values()}
+
+
+def _resolved_subnets(**where):
+    """Subnets with a resolver (overlay, with a gateway), network and project loaded."""
+    return (
+        Subnet.objects.filter(gateway_ip__isnull=False, network__kind=NetworkKind.OVERLAY, **where)
+        .select_related("network", "network__project")
+        .order_by("network__vni", "cidr")
+    )
+
+
+def _dns_services(plan, subnets) -> tuple:
+    """The resolvers of ``subnets``' networks (gateway host only)."""
+    if not subnets:
+        return ()
+    projects = {s.project_id for s in subnets}
+    records = FixedIp.objects.filter(port__project_id__in=projects).values_list(
+        "port__project_id", "port__network_id", "address", "port__vm__name", "port__name"
+    )
+    routers = {router.project_id: router.pk.hex for router in plan}
+    return dns.services(subnets, routers, records.order_by("address"))
 
 
 def _addresses_by_port(port_ids) -> dict:
@@ -231,8 +253,12 @@ def host_networks(host_id: int) -> HostNetworks:
     vnis_here = {p.network.vni: p.network for p in ports_here if p.binding != PortBinding.VF}
     leg_vnis = {s.network.vni: s.network for subnets in plan.values() for s in subnets}
     vlans = {}
+    resolvers = ()
     if on_gateway:
         vnis_here.update(leg_vnis)
+        resolved = list(_resolved_subnets())
+        resolvers = _dns_services(plan, resolved)
+        vnis_here.update({s.network.vni: s.network for s in resolved})
     if on_gateway and me.trunk_device:
         for connection in ExternalConnection.objects.filter(
             kind=ConnectionKind.L2VPN, state=ConnectionState.APPROVED
@@ -260,6 +286,13 @@ def host_networks(host_id: int) -> HostNetworks:
                     vni = s.network.vni
                     remote_macs[vni].add((router_mac(router.pk.hex, vni), gateway.vtep_address))
                     remote_vteps[vni].add(gateway.vtep_address)
+        # A network whose project has no router has its resolver in a namespace of its own
+        # on the gateway host, behind that host's VTEP.
+        routed = {r.project_id for r in plan}
+        for network in {s.network for s in _resolved_subnets(network__vni__in=vnis_here)}:
+            if network.project_id not in routed:
+                remote_macs[network.vni].add((dns.dns_mac(network.pk.hex), gateway.vtep_address))
+                remote_vteps[network.vni].add(gateway.vtep_address)
 
     local = me.vtep_address or ""
     networks = tuple(
@@ -295,6 +328,7 @@ def host_networks(host_id: int) -> HostNetworks:
         routers=_routers(plan) if on_gateway else (),
         external_bridge=me.external_bridge if on_gateway else "",
         trunk_device=me.trunk_device if on_gateway and vlans else "",
+        dns=resolvers,
     )
 
 

@@ -33,8 +33,19 @@ def driver():
     if _driver is None:
         from network.drivers.linux import LinuxNetworkDriver
 
-        _driver = LinuxNetworkDriver(runtime.config().network_netns)
+        config = runtime.config()
+        # The networks' resolvers (dnsmasq) keep their files here and outlive the agent.
+        _driver = LinuxNetworkDriver(
+            config.network_netns, dns_dir=config.var_dir / "dns" / config.host
+        )
     return _driver
+
+
+def exclusive() -> threading.Lock:
+    """The lock every convergence of this host's network holds. The compute side holds it
+    while it changes devices behind the network side's back (a real guest's tap moved into
+    this host's namespace), so a resync never sees half of that."""
+    return _lock
 
 
 def enabled() -> bool:
@@ -121,5 +132,6 @@ def network_report(resync: bool = True) -> None:
     with _lock:
         if resync and _applied["desired"] is not None:
             _resync(_applied["desired"], _applied["generation"])
+        taken_at = reports.now()
         payload = report_payload()
-    reports.send(runtime.config().host, protocol.NETWORK_APPLIED_REPORT, payload)
+    reports.send(runtime.config().host, protocol.NETWORK_APPLIED_REPORT, payload, taken_at=taken_at)

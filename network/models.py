@@ -340,6 +340,8 @@ class HostNetwork(models.Model):
     trunk_device = models.CharField(max_length=15, blank=True)
     sriov_pfs = models.JSONField(default=dict, blank=True, help_text="PF netdev: VF count")
     desired_generation = models.PositiveIntegerField(default=1)
+    # When desired_generation last changed: a report taken before it is stale.
+    desired_at = models.DateTimeField(null=True, blank=True)
     applied_generation = models.PositiveIntegerField(default=0)
     applied_at = models.DateTimeField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True)

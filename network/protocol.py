@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from network.drivers.base import (
+    DnsService,
     FirewallRule,
     HostNetworks,
     Network,
@@ -74,6 +75,17 @@ def from_wire(data: dict) -> HostNetworks:
         )
         for r in data.get("routers", ())
     )
+    dns = tuple(
+        DnsService(
+            **{
+                **d,
+                "addresses": tuple(d.get("addresses", ())),
+                "hosts": _tuples(d.get("hosts", ())),
+                "upstreams": tuple(d.get("upstreams", ())),
+            }
+        )
+        for d in data.get("dns", ())
+    )
     return HostNetworks(
         networks=networks,
         ports=tuple(ports),
@@ -81,4 +93,5 @@ def from_wire(data: dict) -> HostNetworks:
         routers=routers,
         external_bridge=data.get("external_bridge", ""),
         trunk_device=data.get("trunk_device", ""),
+        dns=dns,
     )

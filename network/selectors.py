@@ -1,6 +1,7 @@
 """Reads of network objects that more than one caller needs."""
 
 from compute.protocol import InterfaceWire
+from network import dns
 from network.choices import PortBinding, PortStatus
 from network.drivers.base import port_name
 from network.models import FixedIp, HostNetwork, Port
@@ -8,9 +9,12 @@ from network.models import FixedIp, HostNetwork, Port
 
 def vm_interfaces(vm) -> tuple[InterfaceWire, ...]:
     """A VM's NICs in order, with the static addresses its guest configures (the first
-    subnet with a gateway gives the default route)."""
+    subnet with a gateway gives the default route) and the resolvers and search domains of
+    its subnets (``network.dns.guest_dns``: by default the network's own resolver)."""
     ports = list(
-        Port.objects.filter(vm=vm).select_related("network", "vf").order_by("device_index")
+        Port.objects.filter(vm=vm)
+        .select_related("network", "vf", "project")
+        .order_by("device_index")
     )
     if not ports:
         return ()
@@ -25,6 +29,7 @@ def vm_interfaces(vm) -> tuple[InterfaceWire, ...]:
         if not gateway_taken:
             gateway = next((ip.subnet.gateway_ip for ip in ips if ip.subnet.gateway_ip), "")
             gateway_taken = bool(gateway)
+        told = [dns.guest_dns(ip.subnet, port.network, port.project.slug) for ip in ips]
         nics.append(
             InterfaceWire(
                 port_id=port.pk.hex,
@@ -35,7 +40,8 @@ def vm_interfaces(vm) -> tuple[InterfaceWire, ...]:
                 pci_address=port.vf.pci_address if port.vf_id else "",
                 addresses=tuple(f"{ip.address}/{ip.subnet.cidr.split('/')[1]}" for ip in ips),
                 gateway=gateway or "",
-                dns=tuple(dict.fromkeys(s for ip in ips for s in ip.subnet.dns_servers)),
+                dns=tuple(dict.fromkeys(s for servers, _ in told for s in servers)),
+                search=tuple(dict.fromkeys(d for _, search in told for d in search)),
             )
         )
     return tuple(nics)

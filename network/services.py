@@ -78,7 +78,7 @@ def _hosts_changed(*, project: Project | None = None, host_ids=(), gateway: bool
     if not changed:
         return
     HostNetwork.objects.filter(host_id__in=changed).update(
-        desired_generation=F("desired_generation") + 1
+        desired_generation=F("desired_generation") + 1, desired_at=timezone.now()
     )
 
     def send():
@@ -243,12 +243,7 @@ def subnet_create(
         start = str(hosts[1] if gateway_ip == str(hosts[0]) else hosts[0])
     if ipaddress.IPv4Address(start) > ipaddress.IPv4Address(end):
         raise InvalidInput.field("pool_end", f"the pool ends at {end}, before it starts")
-    servers = []
-    for server in dns_servers or []:
-        try:
-            servers.append(str(ipaddress.IPv4Address(server)))
-        except ValueError as e:
-            raise InvalidInput.field("dns_servers", f"{server!r} is not an IPv4 address") from e
+    servers = _dns_servers(dns_servers)
     subnet = Subnet.objects.create(
         project=network.project,
         network=network,
@@ -261,6 +256,31 @@ def subnet_create(
     )
     audit.record("subnet.create", subnet, project=network.project, detail={"network": network.name})
     _hosts_changed(project=network.project)
+    return subnet
+
+
+def _dns_servers(servers: list[str] | None) -> list[str]:
+    found = []
+    for server in servers or []:
+        try:
+            found.append(str(ipaddress.IPv4Address(server)))
+        except ValueError as e:
+            raise InvalidInput.field("dns_servers", f"{server!r} is not an IPv4 address") from e
+    if len(found) > 4:
+        raise InvalidInput.field("dns_servers", "at most 4 servers")
+    return found
+
+
+@transaction.atomic
+def subnet_update(*, subnet: Subnet, dns_servers: list[str]) -> Subnet:
+    """Set the DNS servers the subnet's guests are told (``[]``: the network's own
+    resolver, ``network.dns``). Guests read it when their VM is next applied (created,
+    started, rebuilt); running guests keep what they were told."""
+    subnet.dns_servers = _dns_servers(dns_servers)
+    subnet.save(update_fields=["dns_servers"])
+    audit.record(
+        "subnet.update", subnet, project=subnet.project, detail={"dns_servers": subnet.dns_servers}
+    )
     return subnet
 
 
@@ -903,6 +923,8 @@ def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
             log.info("network report from unknown host %s; it enrolls by heartbeat", host)
             return
         row, _ = HostNetwork.objects.select_for_update().get_or_create(host=target)
+        if row.reported_at is not None and sent_at <= row.reported_at:
+            return  # older than the report recorded: it says nothing new
         fields = {
             "vtep_address": payload.get("vtep") or None,
             "underlay_device": payload.get("underlay_device", ""),
@@ -926,7 +948,9 @@ def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
         row.save()
         if gateway_changed:
             _hosts_changed(project=None)
-        behind = not row.converged
+        # A report taken before the host's desired state last changed is behind by
+        # construction: that change sent the new state itself, so nothing is sent again.
+        behind = not row.converged and (row.desired_at is None or sent_at >= row.desired_at)
     if behind:
         from network import sync
 

@@ -9,8 +9,11 @@
 Pools and share tiers come from the agent's environment: ``KUMO_STORAGE_POOLS``
 (``kumo-local=dir:/var/lib/kumo/volumes,kumo-shared=logical:vg_shared``; a pool left out
 is a ``dir`` pool under ``KUMO_VAR_DIR/pools``) and ``KUMO_SHARES``
-(``fast=lustre:/fast,large=nfs:/srv/kumo/large``), with ``KUMO_NFS_EXPORTS_FILE`` and
-``KUMO_NFS_CLIENTS`` for the NFS driver.
+(``fast=lustre:/fast,large=nfs:/srv/kumo/large``), with ``KUMO_NFS_SERVER`` (``kernel``, the
+default, or ``ganesha``), ``KUMO_NFS_EXPORTS_FILE`` and ``KUMO_NFS_GANESHA_PIDFILE`` for the
+NFS driver; ``KUMO_LUSTRE_LCTL`` (``lctl``, a command that reaches the MGS),
+``KUMO_LUSTRE_LNET`` (``tcp``) and ``KUMO_LUSTRE_FILESET_PREFIX`` for Lustre nodemaps. Each
+share is reachable only from the addresses its ``share_apply`` lists (its project's VMs).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def prepare_volumes(volumes: tuple[VolumeWire, ...], hv) -> tuple[DiskSpec, ...]
                 target_dev=wire.device,
                 format="raw",
                 serial=wire.serial,
+                size_bytes=wire.size_gib << 30,
             )
         )
     return tuple(disks)
@@ -137,17 +141,35 @@ def share_driver(tier: str) -> ShareDriver:
     if backend == "lustre":
         from storage.drivers.lustre import LustreShareDriver
 
-        return LustreShareDriver(root)
+        return LustreShareDriver(
+            root,
+            lctl=env.get("KUMO_LUSTRE_LCTL", "lctl"),
+            lnet=env.get("KUMO_LUSTRE_LNET", "tcp"),
+            fileset_prefix=env.get("KUMO_LUSTRE_FILESET_PREFIX", ""),
+        )
     if backend == "nfs":
         from storage.drivers.nfs import NfsShareDriver
 
+        server = env.get("KUMO_NFS_SERVER", "kernel")
+        default_file = (
+            "/etc/ganesha/kumo-exports.conf"
+            if server == "ganesha"
+            else "/etc/exports.d/kumo.exports"
+        )
         return NfsShareDriver(
             root,
-            exports_file=env.get("KUMO_NFS_EXPORTS_FILE", "/etc/exports.d/kumo.exports"),
-            clients=env.get("KUMO_NFS_CLIENTS", "*"),
+            exports_file=env.get("KUMO_NFS_EXPORTS_FILE", default_file),
+            server=server,
             export=Path("/proc/fs/nfsd").is_dir(),
+            ganesha_pidfile=env.get("KUMO_NFS_GANESHA_PIDFILE", "/run/ganesha/ganesha.pid"),
         )
     raise StorageError(f"this host serves no share tier {tier!r} (KUMO_SHARES)")
+
+
+def share_error_for_tenants(tier: str) -> str:
+    """What a project is told when its share could not be applied: no host path, no setting
+    name (those go to the operators' log)."""
+    return f"the {tier} storage could not prepare this share yet; the operators have been told"
 
 
 def apply_share(message: protocol.ShareApply, drivers=share_driver) -> dict:
@@ -157,7 +179,10 @@ def apply_share(message: protocol.ShareApply, drivers=share_driver) -> dict:
         log.info("share %s generation %d is stale", message.share_id, message.generation)
         return {**report, "generation": _share_generations[message.share_id], "stale": True}
     spec = ShareSpec(
-        name=message.name, project_number=message.project_number, quota_gib=message.quota_gib
+        name=message.name,
+        project_number=message.project_number,
+        quota_gib=message.quota_gib,
+        clients=tuple(message.clients),
     )
     try:
         driver = drivers(message.tier)
@@ -169,7 +194,14 @@ def apply_share(message: protocol.ShareApply, drivers=share_driver) -> dict:
             report.update(absent=True)
     except StorageError as e:
         log.warning("share %s generation %d failed: %s", message.share_id, message.generation, e)
-        return {**report, "ok": False, "error": str(e)[:500]}
+        # ``error`` is shown to the project; ``detail`` (host paths, the operator's
+        # configuration) only to operators, in the controller's log.
+        return {
+            **report,
+            "ok": False,
+            "error": share_error_for_tenants(message.tier),
+            "detail": str(e)[:500],
+        }
     _share_generations[message.share_id] = message.generation
     return report
 

@@ -25,7 +25,8 @@ POOLS = {"local": "kumo-local", "shared": "kumo-shared"}
 @dataclass(frozen=True)
 class ShareApply:
     """Share ``share_id`` at ``generation``: present with ``quota_gib`` on tier ``tier``
-    as directory ``name`` (accounted as ``project_number``), or absent."""
+    as directory ``name`` (accounted as ``project_number``), reachable from exactly the
+    addresses ``clients`` (its project's VMs), or absent."""
 
     share_id: str
     generation: int
@@ -34,6 +35,7 @@ class ShareApply:
     project_number: int
     quota_gib: int
     present: bool = True
+    clients: tuple[str, ...] = ()
 
     def to_wire(self) -> dict:
         return asdict(self)

@@ -42,6 +42,27 @@ def vm_mounts(vm) -> tuple[MountWire, ...]:
     )
 
 
+def share_clients(project_id) -> tuple[str, ...]:
+    """The addresses that may reach ``project_id``'s shares: every address of a port of one
+    of its VMs (not deleted), on the storage path as the VMs are addressed there. An
+    address a VM of another project holds too (tenant networks may overlap) names no one
+    project, so it is left out: a share is never exported to an address that could be
+    another project's."""
+    from compute.choices import VmState
+    from network.models import FixedIp
+
+    live = FixedIp.objects.filter(port__vm__isnull=False).exclude(port__vm__state=VmState.DELETED)
+    own = set(live.filter(port__vm__project_id=project_id).values_list("address", flat=True))
+    if not own:
+        return ()
+    others = set(
+        live.filter(address__in=own)
+        .exclude(port__vm__project_id=project_id)
+        .values_list("address", flat=True)
+    )
+    return tuple(sorted(own - others, key=lambda a: tuple(int(o) for o in a.split("."))))
+
+
 def gib_hours(start: datetime, end: datetime, *, project=None) -> dict[int, dict[str, Decimal]]:
     """GiB-hours of each kind (``volume``, ``share``, ``bucket``) each project held between
     ``start`` and ``end``, from the usage intervals clipped to the period, in one query:

@@ -24,7 +24,7 @@ from compute.models import Host, VirtualMachine
 from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from network import allocation
-from storage import protocol
+from storage import protocol, selectors
 from storage.choices import UsageKind, VolumeState, VolumeTier
 from storage.drivers.base import GIB, ObjectStoreAdmin, StorageError
 from storage.models import AccessKey, Bucket, Share, StorageUsage, Volume
@@ -121,8 +121,9 @@ def volume_attach(*, volume: Volume, vm: VirtualMachine) -> Volume:
     """Attach an available volume to a placed VM of its project as its next free disk
     (``vdb`` on). 409 when the volume is attached, the VM is not placed (pending, deleting,
     …), or a local volume lives on another host than the VM. The guest gets the disk with
-    the VM's next generation: in its definition at once, in a running guest at its next
-    boot."""
+    the VM's next generation, in its definition and, when it runs, live at once
+    (``compute.host_tasks.converge_volumes``): it sees ``/dev/disk/by-id/virtio-<serial>``
+    appear without a reboot."""
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.state != VolumeState.AVAILABLE:
         raise Conflict(
@@ -168,7 +169,8 @@ def _detach(volume: Volume) -> None:
 @transaction.atomic
 def volume_detach(*, volume: Volume) -> Volume:
     """Detach an attached volume (409 when it is not attached); its VM's next generation
-    leaves the disk out. The data stays in the volume."""
+    leaves the disk out, of a running guest at once (the host waits for the guest to
+    release it). The data stays in the volume."""
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if volume.state != VolumeState.IN_USE:
         raise Conflict(f"volume {volume.name} is {volume.state}", details={"state": [volume.state]})
@@ -205,8 +207,9 @@ def volumes_release(vm: VirtualMachine) -> int:
 @transaction.atomic
 def volume_extend(*, volume: Volume, size_gib: int) -> Volume:
     """Grow a volume to ``size_gib`` (400 unless larger; the quota counts the growth). An
-    attached volume grows on its host with the VM's next generation; a detached one when
-    it is next attached."""
+    attached volume grows on its host with the VM's next generation, and a running guest
+    sees the larger disk at once (a live block resize); a detached one grows when it is
+    next attached."""
     volume = Volume.objects.select_for_update().get(pk=volume.pk)
     if size_gib <= volume.size_gib:
         raise InvalidInput.field(
@@ -265,6 +268,8 @@ def _tier(tier: str) -> dict:
 
 
 def _send_share(share: Share, *, present: bool = True) -> None:
+    """Send ``share`` whole to its host: present with its limit and exactly its project's
+    VMs' addresses as clients (``selectors.share_clients``), or absent."""
     message = protocol.ShareApply(
         share_id=str(share.pk),
         generation=share.generation,
@@ -273,6 +278,7 @@ def _send_share(share: Share, *, present: bool = True) -> None:
         project_number=share.project_number,
         quota_gib=share.quota_gib,
         present=present,
+        clients=selectors.share_clients(share.project_id) if present else (),
     )
     agents.send_to_host(share.host.name, protocol.SHARE_APPLY_TASK, **message.to_wire())
 
@@ -369,6 +375,13 @@ def share_reported(*, host: str, payload: dict, sent_at) -> None:
         return
     generation = int(payload.get("generation", 0))
     if not payload.get("ok"):
+        log.warning(
+            "share %s (%s) on host %s failed: %s",
+            share.pk,
+            share.tier,
+            host,
+            payload.get("detail") or payload.get("error", ""),
+        )
         share.last_error = str(payload.get("error", ""))[:500]
         share.save(update_fields=["last_error"])
         return
@@ -394,6 +407,30 @@ def shares_sync(share_ids=None) -> int:
             _send_share(share)
         sent += 1
     return sent
+
+
+def shares_follow_vms(project_id, address: str | None = None) -> None:
+    """Once the transaction commits, send ``project_id``'s shares to their hosts again
+    with their clients as they are then: an address of one of its VMs came or went
+    (wired to ports and their addresses in ``storage.apps``). The shares of every other
+    project with a VM at ``address`` go too (an address two projects hold is exported to
+    neither). Beat's ``shares_sync`` repairs anything missed."""
+    from network.models import FixedIp
+
+    def send():
+        projects = {project_id}
+        if address:
+            projects |= set(
+                FixedIp.objects.filter(address=address, port__vm__isnull=False).values_list(
+                    "port__project_id", flat=True
+                )
+            )
+        ids = list(Share.objects.filter(project_id__in=projects).values_list("pk", flat=True))
+        if ids:
+            shares_sync(ids)
+
+    if project_id is not None:
+        transaction.on_commit(send, robust=True)
 
 
 # --- object storage -------------------------------------------------------------------------

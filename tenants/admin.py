@@ -266,6 +266,7 @@ class RateCardForm(forms.ModelForm):
 
     class Meta:
         model = RateCard
+        # held_factor: the model's default (0.5) here; the API sets another.
         fields = ["valid_from", "currency", "spot_factor", "reserved_factor", "notes"]
 
     def clean_prices_text(self):
@@ -331,6 +332,7 @@ class RateCardAdmin(ServiceAdmin):
             prices=form.cleaned_data["prices_text"],
             spot_factor=obj.spot_factor,
             reserved_factor=obj.reserved_factor,
+            held_factor=obj.held_factor,
             currency=obj.currency,
             notes=obj.notes,
             actor=request.user,

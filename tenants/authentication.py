@@ -1,12 +1,20 @@
 """API token authentication: ``Authorization: Bearer kumo_<prefix>_<secret>``."""
 
 import hmac
+from functools import cache
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from controlplane.rowjoin import JoinedLookup
 from tenants import services
 from tenants.models import ApiToken
+
+
+@cache
+def _token_by_prefix() -> JoinedLookup:
+    """The token with its user, by prefix (unique): one query whose SQL is built once."""
+    return JoinedLookup(ApiToken, "user", 'm."prefix" = %s')
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -35,7 +43,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not raw.startswith(services.TOKEN_PREFIX) or raw.count("_") < 2:
             raise exceptions.AuthenticationFailed("Not a Kumo API token.")
         prefix = raw[len(services.TOKEN_PREFIX) :].split("_", 1)[0]
-        token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+        token = _token_by_prefix().first(prefix)
         if token is None or not hmac.compare_digest(token.digest, services.token_digest(raw)):
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()

@@ -134,6 +134,7 @@ def rate_card_create(
     prices: list[dict],
     spot_factor: Decimal = Decimal("0.3"),
     reserved_factor: Decimal = Decimal("0.7"),
+    held_factor: Decimal = Decimal("0.5"),
     currency: str = "JPY",
     notes: str = "",
     actor=None,
@@ -163,7 +164,12 @@ def rate_card_create(
     missing = [f"{r}{':' + m if m else ''}" for r, m in REQUIRED_PRICES if (r, m) not in seen]
     if missing:
         raise InvalidInput.field("prices", f"missing a price for {', '.join(missing)}")
-    for name, factor in (("spot_factor", spot_factor), ("reserved_factor", reserved_factor)):
+    factors = (
+        ("spot_factor", spot_factor),
+        ("reserved_factor", reserved_factor),
+        ("held_factor", held_factor),
+    )
+    for name, factor in factors:
         if not Decimal(factor).is_finite() or not 0 <= Decimal(factor) <= 10:
             raise InvalidInput.field(name, "must be between 0 and 10")
     latest = RateCard.objects.select_for_update().order_by("-version").first()
@@ -191,6 +197,7 @@ def rate_card_create(
                 currency=currency,
                 spot_factor=_quantize(Decimal(spot_factor), FACTOR_QUANTUM),
                 reserved_factor=_quantize(Decimal(reserved_factor), FACTOR_QUANTUM),
+                held_factor=_quantize(Decimal(held_factor), FACTOR_QUANTUM),
                 notes=notes[:500],
                 created_by=actor if getattr(actor, "is_authenticated", False) else None,
             )
@@ -208,6 +215,7 @@ def rate_card_create(
             "prices": {f"{r}{':' + m if m else ''}": str(p) for (r, m), p in seen.items()},
             "spot_factor": str(card.spot_factor),
             "reserved_factor": str(card.reserved_factor),
+            "held_factor": str(card.held_factor),
         },
     )
     return card
@@ -918,8 +926,10 @@ def _alert_once(budget: Budget, period: date, threshold: int, spent: Decimal) ->
 
 def budget_reclaim(*, budget: Budget, spent: Decimal) -> list[str]:
     """Stop the running VMs of ``budget``'s project as its policy says: spot VMs first,
-    then (``stop_all``) the rest. Each step is announced by a ``budget.reclaim`` event and
-    audited, in its own transaction, before its VMs are stopped; returns the VM ids."""
+    then (``stop_all``) the rest. Stopping here is shelving (``compute.services.shelve``):
+    a stopped VM would keep its GPUs and bill them at the held price. Each step is
+    announced by a ``budget.reclaim`` event and audited, in its own transaction, before
+    its VMs are stopped; returns the VM ids."""
     from compute import services as compute
     from compute.choices import Priority, VmState, VmTask
     from compute.models import VirtualMachine
@@ -960,7 +970,7 @@ def budget_reclaim(*, budget: Budget, spent: Decimal) -> list[str]:
             )
         for vm in vms:
             try:
-                compute.vm_stop(vm=vm)
+                compute.vm_shelve(vm=vm)  # every claim returns, not only the guest's power
             except (Conflict, NotFound) as e:  # it changed meanwhile: nothing to stop
                 log.info("budget %s: vm %s not stopped: %s", budget.pk, vm.pk, e)
                 continue

@@ -54,6 +54,7 @@ class BillingPriority(models.TextChoices):
     ON_DEMAND = "on_demand", "On demand"
     SPOT = "spot", "Spot"
     RESERVED = "reserved", "Reserved"
+    HELD = "held", "Held (a stopped VM's claim)"
 
 
 class BudgetPolicy(models.TextChoices):

@@ -1,5 +1,6 @@
 import django_filters
 
+from controlplane.api.filters import StrictBooleanFilter
 from controlplane.filtersets import UTCDateTimeFilter
 from tenants.choices import BillingPriority, PointsKind, ProjectStatus, Role, UsageResource
 from tenants.models import Invoice, Membership, PointsEntry, Project, UsageRecord
@@ -36,9 +37,8 @@ class UsageRecordFilterSet(django_filters.FilterSet):
     priority = django_filters.ChoiceFilter(choices=BillingPriority.choices)
     subject_type = django_filters.CharFilter()
     subject_id = django_filters.CharFilter()
-    open = django_filters.BooleanFilter(
-        field_name="ended_at", lookup_expr="isnull", label="still open"
-    )
+    # true or false; anything else (null included) is a 400, never an ignored filter
+    open = StrictBooleanFilter(field_name="ended_at", lookup_expr="isnull", label="still open")
     started_after = UTCDateTimeFilter(field_name="started_at", lookup_expr="gte")
     started_before = UTCDateTimeFilter(field_name="started_at", lookup_expr="lt")
 

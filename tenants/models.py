@@ -1,5 +1,7 @@
 """Users, projects (Kumo's tenants), memberships, quotas, SSH keys and API tokens."""
 
+from decimal import Decimal
+
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -25,17 +27,31 @@ slug_validator = RegexValidator(
 
 
 class User(AbstractUser):
-    """A person. Login by password now; federated identities attach through ExternalIdentity."""
+    """A person: a password account, or one made just in time by a federated login (SAML or
+    OIDC, bound through ExternalIdentity), or both. The profile fields are filled from the
+    identity provider's attributes at each federated login."""
 
     email = models.EmailField("email address", blank=True, db_index=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    organisation = models.CharField(max_length=200, blank=True)
+    affiliation = models.CharField(max_length=200, blank=True)
 
 
 class ExternalIdentity(models.Model):
-    """A federated login (SAML/OIDC, e.g. GakuNin) bound to a user: issuer + subject."""
+    """A federated login bound to a user: ``issuer`` (the SAML IdP's entityID or the OIDC
+    issuer) and ``subject`` (eduPersonPrincipalName, a persistent id, or the OIDC ``sub``).
+    A login finds its user by this pair alone, never by e-mail."""
+
+    class Kind(models.TextChoices):
+        SAML = "saml", "SAML 2.0"
+        OIDC = "oidc", "OpenID Connect"
 
     user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="external_identities")
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.SAML)
     issuer = models.CharField(max_length=255)
     subject = models.CharField(max_length=255)
+    attributes = models.JSONField(default=dict, blank=True)
+    last_login_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -233,6 +249,14 @@ class RateCard(models.Model):
     reserved_factor = models.DecimalField(
         max_digits=6, decimal_places=4, validators=[MinValueValidator(0), MaxValueValidator(10)]
     )
+    # The price of what a stopped VM holds (its GPUs, vCPUs and memory stay claimed): the
+    # unit price times this factor (``BillingPriority.HELD``).
+    held_factor = models.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        default=Decimal("0.5"),
+        validators=[MinValueValidator(0), MaxValueValidator(10)],
+    )
     notes = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(
         User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -267,6 +291,8 @@ class RateCard(models.Model):
             return self.spot_factor
         if priority == BillingPriority.RESERVED:
             return self.reserved_factor
+        if priority == BillingPriority.HELD:
+            return self.held_factor
         return Decimal(1)
 
 
@@ -465,3 +491,10 @@ class PointsEntry(ProjectOwnedModel):
 
     def __str__(self):
         return f"{self.kind} {self.amount} -> {self.balance_after}"
+
+
+from tenants.models_access import (  # noqa: E402, F401  (Django finds them here)
+    Invitation,
+    ProjectApplication,
+    RenewalReminder,
+)

@@ -42,3 +42,27 @@ def invoices_issue() -> int:
         except Conflict as e:  # no rate card for that month yet: nothing can be rated
             log.warning("invoices of %s not issued: %s", f"{last_month:%Y-%m}", e.message)
             return 0
+
+
+@shared_task(name="kumo.control.federation_metadata_refresh", acks_late=True, time_limit=600)
+def federation_metadata_refresh() -> dict:
+    """Fetch the federation's metadata aggregate again (beat); a bad copy is refused and the
+    last good one kept."""
+    from django.conf import settings
+
+    from tenants.federation import metadata
+
+    if not settings.SAML_METADATA_URL:
+        return {"enabled": False}
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        row = metadata.metadata_refresh()
+    return {"enabled": True, "idps": row.idp_count, "error": row.last_error}
+
+
+@shared_task(name="kumo.control.renewal_reminders_send", acks_late=True, time_limit=600)
+def renewal_reminders_send() -> int:
+    """Remind owners of projects ending in 30 and 7 days (beat, hourly; each goes once)."""
+    from tenants import applications
+
+    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        return len(applications.renewal_reminders_send())

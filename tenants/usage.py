@@ -22,9 +22,12 @@ Guarantees:
 
 What a VM bills, by state: ``provisioning``, ``running`` and ``evicting`` (the guest still
 runs during its eviction notice) bill its vCPUs, memory (GiB) and GPUs (by model), with its
-priority (spot or on-demand); every other state bills nothing: a stopped VM pays no GPU
-hours, an evicted spot VM stops paying at the eviction, a deleting VM stops paying when its
-deletion is asked.
+priority (spot or on-demand). Holding is never free: a ``stopped`` VM (and a ``shelving``
+one, until its host has let go) keeps its claim, so it bills the same vCPUs, memory and
+GPUs at priority ``held`` (the rate card's ``held_factor``) plus its root disk as storage.
+A ``shelved`` VM holds no claim and bills its kept root disk as storage only, as does a
+pending VM waiting to be unshelved. An evicted spot VM stops paying at the eviction, a
+deleting VM stops paying when its deletion is asked.
 """
 
 from datetime import datetime
@@ -39,6 +42,7 @@ from tenants.models import UsageRecord
 
 VM_SUBJECT = "compute.virtualmachine"
 BILLABLE_VM_STATES = frozenset({"provisioning", "running", "evicting"})
+HELD_VM_STATES = frozenset({"stopped", "shelving"})
 
 
 def _subject(subject) -> tuple[str, str]:
@@ -47,15 +51,23 @@ def _subject(subject) -> tuple[str, str]:
 
 def vm_usage_wanted(vm) -> dict[tuple[str, str], tuple[Decimal, str]]:
     """What ``vm`` should have open now: (resource, model) -> (quantity, priority)."""
-    if vm.state not in BILLABLE_VM_STATES:
+    disk = {(UsageResource.STORAGE.value, ""): (Decimal(vm.disk_gib), BillingPriority.ON_DEMAND)}
+    kept = bool(getattr(vm, "kept_disk", ""))
+    if vm.state == "shelved" or (vm.state == "pending" and kept):
+        return disk if vm.disk_gib else {}
+    if vm.state not in BILLABLE_VM_STATES and vm.state not in HELD_VM_STATES:
         return {}
     priority = vm.priority if vm.priority in BillingPriority.values else BillingPriority.ON_DEMAND
+    if vm.state in HELD_VM_STATES:
+        priority = BillingPriority.HELD
     wanted = {
         (UsageResource.VCPU.value, ""): (Decimal(vm.vcpus), priority),
         (UsageResource.MEMORY.value, ""): (Decimal(vm.memory_mib) / Decimal(1024), priority),
     }
     if vm.gpus:
         wanted[(UsageResource.GPU.value, vm.gpu_model or "")] = (Decimal(vm.gpus), priority)
+    if vm.state in HELD_VM_STATES and vm.disk_gib:
+        wanted.update(disk)
     return {key: value for key, value in wanted.items() if value[0] > 0}
 
 

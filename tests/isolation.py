@@ -39,6 +39,9 @@ class ProjectEndpointContract:
     actions: tuple[str, ...] = ("list", "retrieve", "create", "update", "delete")
     #: the field of a list item that identifies it (compared with ``lookup``)
     id_field: str = "id"
+    #: routes on one object beyond CRUD, as (HTTP method, URL suffix): e.g. ("post",
+    #: "reset/"). Another project's object answers 404 there exactly like a missing one.
+    object_actions: tuple[tuple[str, str], ...] = ()
 
     # --- what a concrete contract provides ------------------------------------------------------
 
@@ -156,6 +159,16 @@ class ProjectEndpointContract:
             response = self._do(client, action, project.slug, theirs, payload)
             assert response.status_code == 404, (action, response.content)
             assert response.json() == missing.json()
+        for method, suffix in self.object_actions:
+            missing_here = getattr(client, method)(
+                self.detail_url(project.slug, self.missing_lookup) + suffix
+            )
+            response = getattr(client, method)(
+                self.detail_url(project.slug, self.lookup(theirs)) + suffix
+            )
+            assert missing_here.status_code == 404, (suffix, missing_here.content)
+            assert response.status_code == 404, (suffix, response.content)
+            assert response.json() == missing_here.json()
         # and it is untouched: its own project still sees it
         again = client_for(other_project.owner).get(
             self.detail_url(other_project.slug, self.lookup(theirs))

@@ -83,6 +83,21 @@ NOT_IN_SCHEMA = {
     "POST /api/v1/projects/{project_slug}/members/": {"user"},  # an existing username or email
     "POST /api/v1/user/tokens/": {"project", "expires_at"},  # a project of yours; the future
     "POST /api/v1/user/ssh-keys/": {"public_key"},  # a well-formed OpenSSH public key
+    # Identity: the password validators; a new project's free slug, a renewal's project and
+    # end, a quota increase's resources; a return's comment; a free username.
+    "POST /api/v1/admin/users/": {"username", "password"},
+    "POST /api/v1/applications/": {
+        "slug",
+        "project",
+        "title",
+        "purpose",
+        "valid_until",
+        "vcpus",
+        "kind",
+    },
+    "PATCH /api/v1/applications/{id}/": {"slug", "title", "purpose", "valid_until", "vcpus"},
+    "PUT /api/v1/applications/{id}/": {"slug", "title", "purpose", "valid_until", "vcpus"},
+    "POST /api/v1/applications/{id}/review/": {"comment", "decision"},
     "POST /api/v1/admin/templates/": {"gpu_model"},  # required when gpus is not 0
     # existing objects; an image's minimum disk and memory against the template's; a template
     # that allows spot; networks of the project, addresses inside their subnets
@@ -106,6 +121,8 @@ NOT_IN_SCHEMA = {
         "pool_end",
         "dns_servers",
     },
+    # A subnet's PATCH changes its DNS servers only: they are what it must carry.
+    "PATCH /api/v1/projects/{project_slug}/subnets/{id}/": {"dns_servers"},
     "POST /api/v1/projects/{project_slug}/ports/": {"network", "security_groups", "fixed_ip"},
     "PATCH /api/v1/projects/{project_slug}/ports/{id}/": {"security_groups"},
     "POST /api/v1/projects/{project_slug}/security-groups/": {"name"},
@@ -139,10 +156,14 @@ NOT_IN_SCHEMA = {
         "currency",
         "spot_factor",
         "reserved_factor",
+        "held_factor",
     },
     "POST /api/v1/admin/invoices/issue/": {"period", "project"},
     "POST /api/v1/admin/points/": {"project", "amount"},
     "POST /api/v1/projects/{project_slug}/budgets/": {"amount", "thresholds"},
+    # An image's bytes: not empty, and matching the checksum the image was registered with.
+    "PUT /api/v1/projects/{project_slug}/images/{id}/file/": {"file", "checksum"},
+    "PUT /api/v1/admin/images/{id}/file/": {"file", "checksum"},
     "PATCH /api/v1/projects/{project_slug}/budgets/{id}/": {"amount", "thresholds"},
 }
 # And in any text field, two rules of DRF's: no NUL characters (PostgreSQL text cannot hold

@@ -2,7 +2,14 @@ from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from compute.choices import HostState, PlacementPolicy, Priority, ReclaimAction, ReclaimReason
+from compute.choices import (
+    HostState,
+    ImageFormat,
+    PlacementPolicy,
+    Priority,
+    ReclaimAction,
+    ReclaimReason,
+)
 from compute.models import (
     CapacityGuarantee,
     Device,
@@ -16,6 +23,20 @@ from compute.models import (
 from controlplane.api import fields
 
 USER_DATA_MAX_BYTES = 64 * 1024  # what cloud-init's NoCloud seed comfortably carries
+
+
+class ConsoleLogQuerySerializer(serializers.Serializer):
+    bytes = serializers.IntegerField(
+        min_value=1, max_value=65536, default=65536, help_text="at most this many bytes"
+    )
+    lines = serializers.IntegerField(
+        min_value=1, max_value=100000, required=False, help_text="only the last lines"
+    )
+
+
+class ConsoleLogSerializer(serializers.Serializer):
+    output = serializers.CharField(help_text="what the guest printed, UTF-8 (bad bytes replaced)")
+    bytes = serializers.IntegerField(help_text="bytes read from the log")
 
 
 class DeviceSerializer(serializers.ModelSerializer):
@@ -51,6 +72,7 @@ class HostSerializer(serializers.ModelSerializer):
             "state_reason",
             "libvirt_uri",
             "hypervisor",
+            "guest_accel",
             "agent_version",
             "agent_started_at",
             "capabilities",
@@ -103,6 +125,7 @@ class TemplateSerializer(fields.ModelSerializer):
             "disk_gib",
             "spot_allowed",
             "eviction_notice_s",
+            "evict_action",
             "active",
             "created_at",
         ]
@@ -111,16 +134,17 @@ class TemplateSerializer(fields.ModelSerializer):
 
 
 class TemplateUpdateSerializer(serializers.Serializer):
-    active = serializers.BooleanField(required=False)
+    active = fields.BooleanField(required=False)
     description = fields.CharField(max_length=200, required=False, allow_blank=True)
 
 
 class ImageSerializer(fields.ModelSerializer):
+    """An image. ``checksum`` (``sha256:<hex>``) and ``size_bytes`` are what the store
+    computed from the uploaded bytes (while ``uploading``: the checksum the upload must
+    match, if one was given); ``location`` is its key in the image store, or the path of
+    an image pre-staged on every host."""
+
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
-    checksum = serializers.RegexField(r"^sha256:[0-9a-f]{64}$", max_length=71)
-    location = serializers.RegexField(
-        r"^/[^\x00]*$", max_length=500, help_text="absolute path on the hosts' image store"
-    )
 
     class Meta:
         model = Image
@@ -131,6 +155,7 @@ class ImageSerializer(fields.ModelSerializer):
             "os_distro",
             "os_version",
             "format",
+            "login_user",
             "location",
             "checksum",
             "size_bytes",
@@ -138,10 +163,39 @@ class ImageSerializer(fields.ModelSerializer):
             "min_memory_gib",
             "visibility",
             "project",
-            "active",
+            "state",
+            "state_reason",
             "created_at",
         ]
-        read_only_fields = ["visibility", "project", "active", "created_at"]
+        read_only_fields = fields
+
+
+class ImageCreateSerializer(serializers.Serializer):
+    """A new image's record; its bytes follow with ``PUT …/images/{id}/file``."""
+
+    name = fields.CharField(max_length=100)
+    description = fields.CharField(max_length=200, required=False, default="", allow_blank=True)
+    os_distro = fields.CharField(max_length=32, help_text="e.g. debian")
+    os_version = fields.CharField(max_length=32, required=False, default="", allow_blank=True)
+    format = serializers.ChoiceField(choices=ImageFormat.choices)
+    login_user = serializers.RegexField(
+        r"^([a-z_][a-z0-9_-]{0,31})?$",  # blank: none (the schema's default must match)
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="the user a guest of this image is logged into, e.g. debian",
+    )
+    min_disk_gib = serializers.IntegerField(min_value=0, max_value=65536, required=False, default=0)
+    min_memory_gib = serializers.IntegerField(
+        min_value=0, max_value=65536, required=False, default=0
+    )
+    checksum = serializers.RegexField(
+        r"^(sha256:[0-9a-f]{64})?$",
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="if given, the upload must have this SHA-256",
+    )
 
 
 class PlacementGroupSerializer(fields.ModelSerializer):
@@ -248,9 +302,13 @@ class CapacityGuaranteeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = CapacityGuarantee
-        fields = ["project", "min_gpus", "updated_at"]
+        fields = ["project", "min_gpus", "gpu_model", "min_vcpus", "updated_at"]
         read_only_fields = ["project", "updated_at"]
-        extra_kwargs = {"min_gpus": {"max_value": 2**31 - 1, "required": True}}
+        extra_kwargs = {
+            "min_gpus": {"max_value": 2**31 - 1, "required": True},
+            "min_vcpus": {"max_value": 2**31 - 1, "required": False},
+            "gpu_model": {"required": False},
+        }
 
 
 class ReclamationThresholdsSerializer(serializers.Serializer):
@@ -292,13 +350,25 @@ class NicSerializer(serializers.Serializer):
     """One NIC of a new VM: a port on the project's network ``network`` (by name)."""
 
     network = fields.CharField(max_length=63, help_text="a network's name")
-    fixed_ip = serializers.IPAddressField(protocol="IPv4", required=False, default="")
+    fixed_ip = serializers.IPAddressField(protocol="IPv4", required=False)
     security_groups = serializers.ListField(
         child=fields.CharField(max_length=63),
         required=False,
         max_length=16,
         help_text="names; default: the project's default group",
     )
+
+
+class VirtualMachineAcceptedSerializer(VirtualMachineSerializer):
+    """A VM create's 202 answer: the VM as it is now, and where to follow its creation."""
+
+    operation = serializers.URLField(
+        read_only=True, help_text="the URL of the vm.create operation; poll it until it ends"
+    )
+
+    class Meta(VirtualMachineSerializer.Meta):
+        fields = [*VirtualMachineSerializer.Meta.fields, "operation"]
+        read_only_fields = fields
 
 
 class VirtualMachineCreateSerializer(serializers.Serializer):
@@ -317,12 +387,14 @@ class VirtualMachineCreateSerializer(serializers.Serializer):
     )
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.ON_DEMAND)
     placement_group = fields.CharField(max_length=63, required=False, allow_null=True)
-    wait_for_capacity = serializers.BooleanField(
+    wait_for_capacity = fields.BooleanField(
         default=True,
         help_text="when nothing fits now: true keeps the VM pending until room appears; "
         "false answers 409 and creates nothing",
     )
-    nics = NicSerializer(many=True, required=False, default=list, max_length=8)
+    nics = serializers.ListField(
+        child=NicSerializer(), required=False, default=list, max_length=8, help_text="at most 8"
+    )
 
     def validate_user_data(self, value):
         if len(value.encode()) > USER_DATA_MAX_BYTES:

@@ -1,5 +1,8 @@
+import time
+
+from django.conf import settings
 from django.db.models import Count, Prefetch, Q
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -24,6 +27,7 @@ from compute.models import (
     Template,
     VirtualMachine,
 )
+from controlplane.api.errors import ErrorSerializer
 from controlplane.api.serializers import OperationSerializer
 from controlplane.api.viewsets import (
     KumoViewMixin,
@@ -31,11 +35,27 @@ from controlplane.api.viewsets import (
     ProjectScopedViewSet,
     accepted,
 )
-from controlplane.errors import InvalidInput, NotFound, PermissionDenied
+from controlplane.choices import OperationState
+from controlplane.errors import HostUnavailable, InvalidInput, NotFound, PermissionDenied
+from controlplane.models import Operation
 from network.models import FixedIp, Network, Port
+from tenants.choices import Role
 from tenants.models import Project, SSHKey
 
 # --- a project's VMs, images and placement groups ------------------------------------------------
+
+
+def wait_for_operation(operation: Operation, timeout_s: float) -> Operation | None:
+    """The operation once finished, read afresh every 50 ms for up to ``timeout_s``; None
+    when it is still unfinished then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = Operation.objects.get(pk=operation.pk)
+        if current.state in (OperationState.SUCCEEDED, OperationState.FAILED):
+            return current
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def _vm_queryset(qs):
@@ -61,12 +81,21 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
     ordering_fields = ["created_at", "name", "state"]
     lookup_value_regex = r"[0-9a-fA-F-]{36}"
     audit_object_type = "compute.virtualmachine"
+    # What the guest printed may hold what its owner would not show a reader.
+    action_roles = {"console_log": Role.MEMBER}
 
     def get_queryset(self):
         return _vm_queryset(super().get_queryset())
 
     @extend_schema(
-        request=s.VirtualMachineCreateSerializer, responses={202: s.VirtualMachineSerializer}
+        request=s.VirtualMachineCreateSerializer,
+        responses={
+            202: OpenApiResponse(
+                s.VirtualMachineAcceptedSerializer,
+                description="Accepted: the VM exists and its creation goes on; ``operation`` "
+                "is the URL to follow it, the ``Location`` header the VM's URL.",
+            )
+        },
     )
     def create(self, request, project_slug=None):
         data = s.VirtualMachineCreateSerializer(data=request.data)
@@ -145,26 +174,142 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
 
     @extend_schema(request=None, responses={202: OperationSerializer})
     @action(detail=True, methods=["post"])
+    def shelve(self, request, project_slug=None, pk=None):
+        """Stop the VM, keep its root disk and release every claim (GPUs, vCPUs, memory,
+        host); 409 unless it is running or stopped with no action in flight."""
+        return self._action(services.vm_shelve)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def unshelve(self, request, project_slug=None, pk=None):
+        """Place the shelved VM again anywhere it fits (waiting for capacity if none does)
+        and boot its kept disk; 409 unless it is shelved, or when its quota is used."""
+        return self._action(services.vm_unshelve)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
     def reboot(self, request, project_slug=None, pk=None):
         return self._action(services.vm_reboot)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"])
+    def reset(self, request, project_slug=None, pk=None):
+        """Hard reset (the reset button): the guest reboots at once, its OS not asked."""
+        return self._action(services.vm_reset)
+
+    @extend_schema(request=None, responses={202: OperationSerializer})
+    @action(detail=True, methods=["post"], url_path="power-off")
+    def power_off(self, request, project_slug=None, pk=None):
+        """Immediate power-off (pulling the plug): stopped at once, its OS not asked."""
+        return self._action(services.vm_power_off)
+
+    @extend_schema(
+        parameters=[s.ConsoleLogQuerySerializer],
+        responses={
+            200: s.ConsoleLogSerializer,
+            202: OperationSerializer,
+            400: OpenApiResponse(ErrorSerializer, description="bytes or lines out of range"),
+            409: OpenApiResponse(ErrorSerializer, description="the VM is on no host"),
+            502: OpenApiResponse(ErrorSerializer, description="the host did not give the log"),
+        },
+    )
+    @action(detail=True, methods=["get"], url_path="console-log")
+    def console_log(self, request, project_slug=None, pk=None):
+        """The last 64 KiB (or ``bytes``, or the last ``lines``) of the guest's serial
+        console, read from its host. The answer waits a few seconds for the host
+        (``KUMO_CONSOLE_LOG_WAIT_S``); past that it is 202 with the operation, whose
+        result holds the output once the host answers."""
+        query = s.ConsoleLogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        operation = services.vm_console_log(
+            vm=self.get_object_for_update(), max_bytes=query.validated_data["bytes"],
+            actor=request.user,
+        )  # fmt: skip
+        done = wait_for_operation(operation, settings.CONSOLE_LOG_WAIT_S)
+        if done is None:
+            return accepted(operation, OperationSerializer, request)
+        if done.state != OperationState.SUCCEEDED:
+            raise HostUnavailable(
+                f"the host did not give the console log: {done.error_message}",
+                code=done.error_code or "host_error",
+            )
+        output = done.result.get("output", "")
+        lines = query.validated_data.get("lines")
+        if lines:
+            output = "".join(output.splitlines(keepends=True)[-lines:])
+        return Response({"output": output, "bytes": done.result.get("bytes", 0)})
 
     @extend_schema(request=None, responses={202: OperationSerializer})
     def destroy(self, request, project_slug=None, pk=None):
         return self._action(services.vm_delete)
 
 
+def _upload_length(request) -> int | None:
+    """The body's length from Content-Length; None for a chunked body (read to EOF from
+    the server's input, which de-chunks it); 0 when there is neither."""
+    raw = request.META.get("CONTENT_LENGTH")
+    if raw:
+        try:
+            length = int(raw)
+        except ValueError:
+            raise InvalidInput.field("Content-Length", "must be a number of bytes") from None
+        if length < 0:
+            raise InvalidInput.field("Content-Length", "must be a number of bytes")
+        return length
+    if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return None
+    return 0  # neither: HTTP says the body is empty
+
+
+def _upload_stream(request, length: int | None):
+    """Where the body is read from, one bounded read at a time (never ``request.body`` or
+    DRF's parsers, which would hold it whole): Django's request (bounded by
+    Content-Length), or the server's de-chunked input."""
+    django_request = request._request
+    if length is not None:
+        return django_request
+    return django_request.META["wsgi.input"]
+
+
+class _ImageFile:
+    """``PUT …/images/{id}/file``: the image's bytes, streamed (``image_upload``)."""
+
+    @extend_schema(
+        request={"application/octet-stream": {"type": "string", "format": "binary"}},
+        responses={
+            200: s.ImageSerializer,
+            400: OpenApiResponse(description="checksum mismatch, empty or short body: failed"),
+            409: OpenApiResponse(description="the image is not uploading"),
+            413: OpenApiResponse(description="larger than KUMO_IMAGE_MAX_BYTES: failed"),
+        },
+    )
+    @action(detail=True, methods=["put"], url_path="file", parser_classes=[])
+    def file(self, request, pk=None, **kwargs):
+        """Upload the image's bytes (raw, ``application/octet-stream``). The image turns
+        active with the SHA-256 and size of what arrived, or failed with the reason."""
+        image = self.get_object_for_upload()
+        length = _upload_length(request)
+        image = services.image_upload(
+            image=image, stream=_upload_stream(request, length), length=length
+        )
+        return Response(self.output_serializer(image, context=self.get_serializer_context()).data)
+
+
 class ProjectImageViewSet(
+    _ImageFile,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.DestroyModelMixin,
     ProjectScopedViewSet,
 ):
     """Images the project may boot: the public ones and its own. Members register the
-    project's own images and withdraw them; public images are the operators'."""
+    project's own images (``POST``: the record, ``uploading``), upload their bytes
+    (``PUT …/{id}/file``) and delete them; public images are the operators'. Deleting an
+    image a VM uses answers 409."""
 
     model = Image
     serializer_class = s.ImageSerializer
+    output_serializer = s.ImageSerializer
+    lookup_value_regex = r"[0-9]+"
     filterset_class = ImageFilterSet
     ordering_fields = ["name", "created_at"]
     audit_object_type = "compute.image"
@@ -172,17 +317,29 @@ class ProjectImageViewSet(
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Image.objects.none()
-        return Image.objects.usable_by(self.project).select_related("project")
+        return Image.objects.visible_to(self.project).select_related("project")
 
-    def perform_create(self, serializer):
-        serializer.instance = services.image_create(
-            project=self.project, **serializer.validated_data
-        )
+    def get_object_for_upload(self):
+        image = self.get_object()
+        if image.project_id != self.project.pk:
+            raise PermissionDenied("a public image is uploaded by operators only")
+        return image
 
-    def perform_destroy(self, instance):
+    @extend_schema(request=s.ImageCreateSerializer, responses={201: s.ImageSerializer})
+    def create(self, request, project_slug=None):
+        data = s.ImageCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        image = services.image_register(project=self.project, **data.validated_data)
+        body = s.ImageSerializer(image, context=self.get_serializer_context()).data
+        return Response(body, status=201)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request, project_slug=None, pk=None):
+        instance = self.get_object()
         if instance.project_id != self.project.pk:
             raise PermissionDenied("a public image is withdrawn by operators only")
         services.image_delete(image=instance)
+        return Response(status=204)
 
 
 class PlacementGroupViewSet(
@@ -264,25 +421,36 @@ class OperatorTemplateViewSet(
 
 
 class OperatorImageViewSet(
+    _ImageFile,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.DestroyModelMixin,
     OperatorViewSet,
 ):
-    """Every image; images created here are public."""
+    """Every image; images created here are public. (An image pre-staged at the same path
+    on every host is registered with ``compute.services.image_create``, not here.)"""
 
     queryset = Image.objects.select_related("project")
     serializer_class = s.ImageSerializer
+    output_serializer = s.ImageSerializer
+    lookup_value_regex = r"[0-9]+"
     filterset_class = ImageFilterSet
     ordering_fields = ["name", "created_at"]
     audit_object_type = "compute.image"
 
-    def perform_create(self, serializer):
-        serializer.instance = services.image_create(**serializer.validated_data)
+    def get_object_for_upload(self):
+        return self.get_object()
 
-    def perform_destroy(self, instance):
-        services.image_delete(image=instance)
+    @extend_schema(request=s.ImageCreateSerializer, responses={201: s.ImageSerializer})
+    def create(self, request):
+        data = s.ImageCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        image = services.image_register(**data.validated_data)
+        return Response(s.ImageSerializer(image).data, status=201)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request, pk=None):
+        services.image_delete(image=self.get_object())
+        return Response(status=204)
 
 
 # --- the fleet, for operators --------------------------------------------------------------------
@@ -349,8 +517,10 @@ class OperatorDeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Op
 class OperatorCapacityGuaranteeViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet
 ):
-    """Projects' guaranteed minimums of GPUs (mdx's Rmin). ``PUT …/{project}/`` sets one
-    (0 removes the guarantee); spot preemption never takes a project's use below it."""
+    """Projects' guaranteed minimums of GPUs by model and of vCPUs (mdx's Rmin).
+    ``PUT …/{project}/`` sets one (0 removes it): other projects' on-demand VMs never take
+    its headroom, spot preemption never takes a project's use below it, and minimums that
+    add up to more than the fleet holds answer 409 saying by how much."""
 
     queryset = CapacityGuarantee.objects.select_related("project")
     serializer_class = s.CapacityGuaranteeSerializer
@@ -366,7 +536,14 @@ class OperatorCapacityGuaranteeViewSet(
         target = Project.objects.filter(slug=project).first()
         if target is None:
             raise NotFound(f"no project {project!r}")
-        guarantee = services.guarantee_set(project=target, min_gpus=data.validated_data["min_gpus"])
+        v = data.validated_data
+        guarantee = services.guarantee_set(
+            project=target,
+            min_gpus=v["min_gpus"],
+            gpu_model=v.get("gpu_model", ""),
+            min_vcpus=v.get("min_vcpus", 0),
+            actor=request.user,
+        )
         return Response(s.CapacityGuaranteeSerializer(guarantee).data)
 
 

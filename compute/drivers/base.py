@@ -104,6 +104,7 @@ class DiskSpec:
     read_only: bool = False
     pool: str = ""
     serial: str = ""
+    size_bytes: int = 0  # a volume's size (what a live guest is grown to); 0: not known
 
 
 class DeviceKind(enum.StrEnum):
@@ -150,6 +151,7 @@ class HostInventory:
     cells: tuple[NumaCell, ...]
     devices: tuple[PciDevice, ...]
     hypervisor: str = ""  # libvirt's driver type, e.g. QEMU or TEST
+    accel: str = ""  # how real guests run: "kvm" or "tcg" (empty on a simulated host)
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,7 @@ class GuestNic:
     ``pci_address``, which must also be one of the spec's ``devices``: it adds no device of
     its own. Inside the guest the NIC is found by ``mac`` (lower case, as libvirt writes it)
     and configured by cloud-init with ``addresses`` (``192.168.10.11/24``), a default route
-    via ``gateway`` (empty: none), ``dns`` servers and ``mtu``.
+    via ``gateway`` (empty: none), ``dns`` servers, ``search`` domains and ``mtu``.
     """
 
     mac: str
@@ -196,6 +198,7 @@ class GuestNic:
     addresses: tuple[str, ...] = ()
     gateway: str = ""
     dns: tuple[str, ...] = ()
+    search: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _MAC_RE.match(self.mac):
@@ -239,6 +242,8 @@ class GuestSpec:
     initrd: str | None = None
     cmdline: str = ""
     nics: tuple[GuestNic, ...] = ()
+    #: the host file the serial console is logged to (appended across boots; "" for none)
+    console_log: str = ""
 
     def __post_init__(self) -> None:
         validate_vm_id(self.vm_id)
@@ -330,6 +335,24 @@ class HypervisorDriver(abc.ABC):
         Raises ``GuestNotFound`` if it is not defined.
         """
 
+    def power_off(self, vm_id: str) -> GuestState:
+        """Force the guest off at once, without asking its OS (libvirt ``destroy``); a guest
+        already off is left alone; the definition stays. ``GuestNotFound`` if undefined."""
+        return self.ensure_stopped(vm_id, graceful_timeout_s=0)
+
+    @abc.abstractmethod
+    def reset(self, vm_id: str) -> GuestState:
+        """Hard-reset a running guest, as the reset button does (``virDomainReset``): it
+        reboots at once, its OS not asked, its definition and devices unchanged. A guest
+        that is not running is left alone (its state returned). ``GuestNotFound`` if
+        undefined."""
+
+    @abc.abstractmethod
+    def console_log(self, vm_id: str, max_bytes: int = 65536) -> bytes:
+        """The last ``max_bytes`` of what the guest wrote to its serial console, across its
+        boots (empty when it wrote nothing or logs nowhere). ``GuestNotFound`` if
+        undefined."""
+
     @abc.abstractmethod
     def ensure_absent(self, vm_id: str) -> None:
         """Force the guest off and remove its definition. A guest that does not exist is
@@ -353,6 +376,35 @@ class HypervisorDriver(abc.ABC):
     def host_cells(self) -> tuple[NumaCell, ...]:
         """The host's NUMA cells with their CPU ids (fixed while the host runs: drivers may
         cache it)."""
+
+    # -- volumes, live ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def volume_disks(self, vm_id: str) -> dict[str, tuple[str, str, str]]:
+        """The pool-backed disks (volumes) the guest has now: target dev -> (pool, volume,
+        serial); those of the running guest when it runs, else of its definition.
+        ``GuestNotFound`` if it is not defined."""
+
+    @abc.abstractmethod
+    def ensure_disk_attached(self, vm_id: str, disk: DiskSpec) -> None:
+        """Give the guest ``disk`` at once: a running guest gets it live and in its
+        definition (the guest sees ``/dev/disk/by-id/virtio-<serial>`` appear), a guest
+        that is off in its definition only. A disk already there (live, defined, or both)
+        is left as it is: a repeat is success. A simulated host changes the definition
+        only (it runs no guest to hot-plug into)."""
+
+    @abc.abstractmethod
+    def ensure_disk_detached(self, vm_id: str, target_dev: str) -> None:
+        """Take disk ``target_dev`` from the guest, live and from its definition; a disk it
+        does not have is success. Waits for the running guest to release it (a hot-unplug
+        needs the guest's consent); ``DriverError`` if it has not within the driver's
+        timeout (a later repeat finishes the job)."""
+
+    @abc.abstractmethod
+    def ensure_disk_size(self, vm_id: str, target_dev: str, size_bytes: int) -> int:
+        """Make the running guest see disk ``target_dev`` at least ``size_bytes`` large
+        (a live block resize; never shrinks) and return the size it sees; a guest that is
+        off sees the volume's size at its next start (returns 0: nothing to see)."""
 
     @abc.abstractmethod
     def domain_xml(self, vm_id: str) -> str:

@@ -72,13 +72,15 @@ def vendor_data(
     files: Mapping[str, str],
     mounts: Sequence[Sequence[str]] = (),
     private_files: Mapping[str, str] | None = None,
+    commands: Sequence[Sequence[str]] = (),
 ) -> str:
     """Kumo's ``#cloud-config``: each of ``files`` (guest path: text) written at first boot
     of this instance id, readable by everyone (they describe hardware, hold no secret), and
     each of ``mounts`` ((source, mount point, fstype, options): the project's shared file
     systems) in the guest's fstab and mounted. ``private_files`` are written readable by root
-    only (the guest's metadata token)."""
-    if not files and not mounts and not private_files:
+    only (the guest's metadata token). ``commands`` (argv lists) run once, late in the first
+    boot (``runcmd``: enabling the services Kumo ships, ``compute.drivers.spotwatch``)."""
+    if not files and not mounts and not private_files and not commands:
         return ""
     config: dict = {}
     if files:
@@ -93,6 +95,8 @@ def vendor_data(
         )
     if mounts:
         config["mounts"] = [[*mount, "0", "0"] for mount in mounts]
+    if commands:
+        config["runcmd"] = [list(command) for command in commands]
     return "#cloud-config\n" + yaml.dump(config, Dumper=_Dumper, sort_keys=False)
 
 
@@ -122,17 +126,20 @@ def network_config(nics: Sequence[GuestNic]) -> str:
             routed = True
         if nic.dns:
             config["nameservers"] = {"addresses": list(nic.dns)}
+            if nic.search:
+                config["nameservers"]["search"] = list(nic.search)
         ethernets[name] = config
     return yaml.safe_dump({"version": 2, "ethernets": ethernets}, sort_keys=False)
 
 
 def _contents(
-    instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files=None
-) -> dict[str, str]:
+    instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files=None,
+    commands=(),
+) -> dict[str, str]:  # fmt: skip
     contents = {
         "meta-data": meta_data(instance_id=instance_id, hostname=hostname, ssh_keys=ssh_keys),
         "user-data": user_data,
-        "vendor-data": vendor_data(files or {}, mounts, private_files),
+        "vendor-data": vendor_data(files or {}, mounts, private_files, commands),
         "network-config": network_config(nics),
     }
     return {name: text for name, text in contents.items() if text or name not in _OPTIONAL}
@@ -202,14 +209,15 @@ def write_seed(
     nics: Sequence[GuestNic] = (),
     mounts: Sequence[Sequence[str]] = (),
     private_files: Mapping[str, str] | None = None,
+    commands: Sequence[Sequence[str]] = (),
 ) -> Path:
     """Write the seed to ``path`` (its folder is made) and return the path. Idempotent: an
     existing seed with the same files (no more, no fewer) is left untouched; otherwise it is
     replaced atomically, so a guest never reads a half-written seed. ``nics`` become its
-    ``network-config``; ``mounts`` go into its vendor data."""
+    ``network-config``; ``mounts`` and ``commands`` go into its vendor data."""
     path = Path(path)
     contents = _contents(
-        instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files
+        instance_id, hostname, ssh_keys, user_data, files, nics, mounts, private_files, commands
     )
     if path.exists() and _same(path, contents):
         return path

@@ -46,8 +46,9 @@ so the two always agree and the topology can name devices before the guest boots
 What libvirt's test driver (``test:///default``, libvirt 9.0) accepts, checked by the
 contract suite: ``pcie-root``, ``pcie-expander-bus`` with ``<target busNr><node>``,
 ``pcie-root-port`` with an explicit address on the expander, ``<hostdev>`` with an explicit
-guest ``<address type='pci'>``, ``<cpu><numa>``, ``<numatune><memnode>``, a SATA CD-ROM,
-``<os><kernel>``, and ``<interface type='ethernet'>`` with ``<target managed='no'>``,
+guest ``<address type='pci'>``, ``<cpu><numa>``, ``<numatune><memnode>``,
+``<os><kernel>``, a virtio-scsi controller with a CD-ROM, and
+``<interface type='ethernet'>`` with ``<target managed='no'>``,
 ``<mtu>`` and an explicit guest ``<address type='pci'>`` behind an unaddressed root port.
 It does not check that an expander's ``<node>`` names a guest NUMA cell (QEMU's driver
 refuses one that does not, so every expander here names one), and it never assigns
@@ -65,6 +66,7 @@ from dataclasses import dataclass
 
 from compute.drivers.base import (
     DeviceKind,
+    DiskSpec,
     GuestNic,
     GuestSpec,
     NicKind,
@@ -93,6 +95,7 @@ ET.register_namespace(KUMO_PREFIX, KUMO_NS)
 class KumoMetadata:
     vm_id: str
     generation: int
+    host: str = ""  # the agent (Kumo host) that defined it; "" in older definitions
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,42 @@ def _cdrom_target(spec: GuestSpec) -> str:
     return next(f"sd{letter}" for letter in string.ascii_lowercase if f"sd{letter}" not in taken)
 
 
+HOTPLUG_PORTS = 8  # free PCIe root ports a real guest keeps for volumes attached live
+
+
+def disk_element(disk: DiskSpec) -> ET.Element:
+    """One virtio ``<disk>``: a file, or volume ``source`` of libvirt pool ``pool``; with
+    ``<serial>``, the guest sees it as ``/dev/disk/by-id/virtio-<serial>``."""
+    disk_el = ET.Element("disk", type="volume" if disk.pool else "file", device="disk")
+    ET.SubElement(disk_el, "driver", name="qemu", type=disk.format, cache="none")
+    if disk.pool:
+        ET.SubElement(disk_el, "source", pool=disk.pool, volume=disk.source)
+    else:
+        ET.SubElement(disk_el, "source", file=disk.source)
+    ET.SubElement(disk_el, "target", dev=disk.target_dev, bus="virtio")
+    if disk.serial:
+        ET.SubElement(disk_el, "serial").text = disk.serial
+    if disk.read_only:
+        ET.SubElement(disk_el, "readonly")
+    return disk_el
+
+
+def volume_disks(xml: str) -> dict[str, tuple[str, str, str]]:
+    """The pool-backed disks (Kumo's volumes) of a domain XML: target dev -> (pool, volume,
+    serial)."""
+    found = {}
+    for disk in ET.fromstring(xml).iterfind("devices/disk"):
+        source, target = disk.find("source"), disk.find("target")
+        if disk.get("type") != "volume" or source is None or target is None:
+            continue
+        found[target.get("dev")] = (
+            source.get("pool", ""),
+            source.get("volume", ""),
+            disk.findtext("serial") or "",
+        )
+    return found
+
+
 def build_domain_xml(
     spec: GuestSpec,
     *,
@@ -279,6 +318,7 @@ def build_domain_xml(
     machine: str | None = "q35",
     cpu_mode: str = "host-passthrough",
     cpu_disable: Sequence[str] = (),
+    host: str = "",
 ) -> str:
     """Domain XML for ``spec``.
 
@@ -290,9 +330,12 @@ def build_domain_xml(
     ``cpu_mode`` is libvirt's ``<cpu mode>`` (default ``host-passthrough``: GPU and HPC work
     wants every host CPU feature); ``cpu_disable`` names CPU features to hide from the guest,
     for a host that is itself a VM whose hypervisor refuses some of them (nested KVM refuses
-    ``arch-capabilities``' MSR on some machines). No
+    ``arch-capabilities``' MSR on some machines); an empty ``cpu_mode`` leaves QEMU's
+    default CPU model (what TCG guests, ``domain_type`` ``qemu``, get). No
     ``<graphics>``: headless guests have none (``type='none'`` is invalid); the serial port
-    is the console. A direct kernel boot has no ``<boot>`` element.
+    is the console. A direct kernel boot has no ``<boot>`` element. ``host`` names the
+    Kumo host whose agent defines it, in the metadata, so agents sharing one libvirt (test
+    fleets, a bench) each see only their own guests.
     """
     host_cpus = _cell_cpus(cells)
     guest_cells = guest_numa_layout(spec)
@@ -315,6 +358,8 @@ def build_domain_xml(
     guest = ET.SubElement(metadata, f"{{{KUMO_NS}}}guest")
     ET.SubElement(guest, f"{{{KUMO_NS}}}vm-id").text = spec.vm_id
     ET.SubElement(guest, f"{{{KUMO_NS}}}generation").text = str(spec.generation)
+    if host:
+        ET.SubElement(guest, f"{{{KUMO_NS}}}host").text = host
 
     # KiB, as libvirt writes it back, so our XML and XMLDesc's compare field by field.
     ET.SubElement(dom, "memory", unit="KiB").text = str(spec.memory_mib * 1024)
@@ -339,10 +384,14 @@ def build_domain_xml(
     features = ET.SubElement(dom, "features")
     ET.SubElement(features, "acpi")  # graceful shutdown needs ACPI
     ET.SubElement(features, "apic")
-    cpu = ET.SubElement(dom, "cpu", mode=cpu_mode)
-    for feature in cpu_disable:
-        ET.SubElement(cpu, "feature", policy="disable", name=feature)
+    cpu = None
+    if cpu_mode:
+        cpu = ET.SubElement(dom, "cpu", mode=cpu_mode)
+        for feature in cpu_disable:
+            ET.SubElement(cpu, "feature", policy="disable", name=feature)
     if guest_cells:
+        if cpu is None:  # an emulated CPU (TCG): QEMU's default model
+            cpu = ET.SubElement(dom, "cpu")
         numa = ET.SubElement(cpu, "numa")
         for cell in guest_cells:
             ET.SubElement(
@@ -359,31 +408,37 @@ def build_domain_xml(
 
     devices = ET.SubElement(dom, "devices")
     for disk in spec.disks:
-        disk_el = ET.SubElement(
-            devices, "disk", type="volume" if disk.pool else "file", device="disk"
-        )
-        ET.SubElement(disk_el, "driver", name="qemu", type=disk.format, cache="none")
-        if disk.pool:
-            ET.SubElement(disk_el, "source", pool=disk.pool, volume=disk.source)
-        else:
-            ET.SubElement(disk_el, "source", file=disk.source)
-        ET.SubElement(disk_el, "target", dev=disk.target_dev, bus="virtio")
-        if disk.serial:
-            ET.SubElement(disk_el, "serial").text = disk.serial
-        if disk.read_only:
-            ET.SubElement(disk_el, "readonly")
+        devices.append(disk_element(disk))
     if spec.seed_iso:
+        # The seed CD-ROM on virtio-scsi, not SATA: Debian's cloud kernels (and so its
+        # genericcloud images and Kumo's own) have no AHCI driver and would never see it.
+        ET.SubElement(devices, "controller", type="scsi", index="0", model="virtio-scsi")
         cdrom = ET.SubElement(devices, "disk", type="file", device="cdrom")
         ET.SubElement(cdrom, "driver", name="qemu", type="raw")
         ET.SubElement(cdrom, "source", file=spec.seed_iso)
-        ET.SubElement(cdrom, "target", dev=_cdrom_target(spec), bus="sata")
+        ET.SubElement(cdrom, "target", dev=_cdrom_target(spec), bus="scsi")
         ET.SubElement(cdrom, "readonly")
-    if slots or taps:
+    hotplug = HOTPLUG_PORTS if _is_q35(machine) and domain_type != "test" else 0
+    if slots or taps or hotplug:
         ET.SubElement(devices, "controller", type="pci", index="0", model="pcie-root")
     if slots:
         _pci_topology(devices, guest_cells, slots)
-    _interfaces(devices, taps, first_port_index=1 + len(guest_cells) + len(slots))
+    first_port_index = 1 + len(guest_cells) + len(slots)
+    _interfaces(devices, taps, first_port_index=first_port_index)
+    # Empty root ports for volumes attached to the running guest (a q35 machine hot-plugs
+    # only into a free pcie-root-port); libvirt's test driver plugs nothing, so a
+    # simulated guest has none.
+    for index in range(hotplug):
+        ET.SubElement(
+            devices,
+            "controller",
+            type="pci",
+            index=str(first_port_index + len(taps) + index),
+            model="pcie-root-port",
+        )
     serial = ET.SubElement(devices, "serial", type="pty")
+    if spec.console_log:
+        ET.SubElement(serial, "log", file=spec.console_log, append="on")
     ET.SubElement(serial, "target", port="0")
     console = ET.SubElement(devices, "console", type="pty")
     ET.SubElement(console, "target", type="serial", port="0")
@@ -481,7 +536,14 @@ def parse_kumo_metadata(xml: str) -> KumoMetadata | None:
     generation = guest.findtext(f"{{{KUMO_NS}}}generation")
     if not vm_id or not generation or not generation.strip().isdigit():
         return None
-    return KumoMetadata(vm_id=vm_id.strip(), generation=int(generation))
+    host = (guest.findtext(f"{{{KUMO_NS}}}host") or "").strip()
+    return KumoMetadata(vm_id=vm_id.strip(), generation=int(generation), host=host)
+
+
+def console_log_path(xml: str) -> str:
+    """The file the domain's first serial port logs to ("" when none)."""
+    log_el = ET.fromstring(xml).find("./devices/serial/log")
+    return log_el.get("file", "") if log_el is not None else ""
 
 
 def parse_hostdev_addresses(xml: str) -> list[str]:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from compute.drivers import domain_xml
 from compute.drivers.base import (
     DeviceKind,
+    DiskSpec,
     DriverError,
     GuestNotFound,
     GuestSpec,
@@ -109,6 +110,10 @@ def default_inventory(cells: Mapping[int, Iterable[int]] = DEFAULT_CELLS) -> Hos
 class _Guest:
     spec: GuestSpec
     power: PowerState = PowerState.SHUTOFF
+    live_disks: dict = field(default_factory=dict)  # target -> DiskSpec, while running
+    live_sizes: dict = field(default_factory=dict)  # target -> bytes the guest sees
+    console: bytes = b""
+    resets: int = 0
 
 
 class FakeDriver(HypervisorDriver):
@@ -196,6 +201,8 @@ class FakeDriver(HypervisorDriver):
                     names = ", ".join(sorted(str(gpu) for gpu in busy))
                     raise DriverError(f"vm {vm_id}: GPU {names} in use by another guest")
                 guest.power = PowerState.RUNNING
+                guest.live_disks = {d.target_dev: d for d in guest.spec.disks if d.pool}
+                guest.live_sizes = {t: d.size_bytes for t, d in guest.live_disks.items()}
             return self._state(guest)
 
     def ensure_stopped(self, vm_id: str, *, graceful_timeout_s: float) -> GuestState:
@@ -203,7 +210,21 @@ class FakeDriver(HypervisorDriver):
             self._enter("ensure_stopped", vm_id)
             guest = self._get(vm_id)
             guest.power = PowerState.SHUTOFF
+            guest.live_disks, guest.live_sizes = {}, {}
             return self._state(guest)
+
+    def reset(self, vm_id: str) -> GuestState:
+        with self._lock:
+            self._enter("reset", vm_id)
+            guest = self._get(vm_id)
+            if guest.power is PowerState.RUNNING:
+                guest.resets += 1
+            return self._state(guest)
+
+    def console_log(self, vm_id: str, max_bytes: int = 65536) -> bytes:
+        with self._lock:
+            self._enter("console_log", vm_id)
+            return self._get(vm_id).console[-max_bytes:] if max_bytes > 0 else b""
 
     def ensure_absent(self, vm_id: str) -> None:
         with self._lock:
@@ -221,6 +242,47 @@ class FakeDriver(HypervisorDriver):
         with self._lock:
             self._enter("list_guests", "")
             return [self._state(self._guests[vm_id]) for vm_id in sorted(self._guests)]
+
+    def volume_disks(self, vm_id: str) -> dict[str, tuple[str, str, str]]:
+        with self._lock:
+            self._enter("volume_disks", vm_id)
+            guest = self._get(vm_id)
+            disks = (
+                guest.live_disks.values()
+                if guest.power is PowerState.RUNNING
+                else [d for d in guest.spec.disks if d.pool]
+            )
+            return {d.target_dev: (d.pool, d.source, d.serial) for d in disks}
+
+    def ensure_disk_attached(self, vm_id: str, disk: DiskSpec) -> None:
+        with self._lock:
+            self._enter("ensure_disk_attached", vm_id)
+            guest = self._get(vm_id)
+            if guest.power is PowerState.RUNNING and disk.target_dev not in guest.live_disks:
+                guest.live_disks[disk.target_dev] = disk
+                guest.live_sizes[disk.target_dev] = disk.size_bytes
+            if all(d.target_dev != disk.target_dev for d in guest.spec.disks):
+                guest.spec = replace(guest.spec, disks=(*guest.spec.disks, disk))
+
+    def ensure_disk_detached(self, vm_id: str, target_dev: str) -> None:
+        with self._lock:
+            self._enter("ensure_disk_detached", vm_id)
+            guest = self._get(vm_id)
+            guest.live_disks.pop(target_dev, None)
+            guest.live_sizes.pop(target_dev, None)
+            kept = tuple(d for d in guest.spec.disks if d.target_dev != target_dev)
+            guest.spec = replace(guest.spec, disks=kept)
+
+    def ensure_disk_size(self, vm_id: str, target_dev: str, size_bytes: int) -> int:
+        with self._lock:
+            self._enter("ensure_disk_size", vm_id)
+            guest = self._get(vm_id)
+            if guest.power is not PowerState.RUNNING:
+                return 0
+            if target_dev not in guest.live_disks:
+                raise DriverError(f"vm {vm_id} has no disk {target_dev}")
+            guest.live_sizes[target_dev] = max(guest.live_sizes[target_dev], size_bytes)
+            return guest.live_sizes[target_dev]
 
     def domain_xml(self, vm_id: str) -> str:
         with self._lock:
@@ -245,6 +307,16 @@ class FakeDriver(HypervisorDriver):
         """Simulate a domain someone else defined on the host (no Kumo metadata)."""
         with self._lock:
             self._foreign.add(name)
+
+    def write_console(self, vm_id: str, data: bytes) -> None:
+        """Simulate the guest printing ``data`` on its serial console."""
+        with self._lock:
+            self._get(vm_id).console += data
+
+    def resets_of(self, vm_id: str) -> int:
+        """How many hard resets the guest has had."""
+        with self._lock:
+            return self._get(vm_id).resets
 
     def set_power(self, vm_id: str, power: PowerState) -> None:
         """Simulate what happens behind the agent's back (a guest crash, a pause)."""

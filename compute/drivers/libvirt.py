@@ -20,6 +20,7 @@ import libvirt
 from compute.drivers import domain_xml
 from compute.drivers.base import (
     DeviceKind,
+    DiskSpec,
     DriverError,
     GuestNotFound,
     GuestSpec,
@@ -198,6 +199,27 @@ def parse_pci_device(device_xml: str) -> PciDevice:
     )
 
 
+DETACH_REASK_S = 10.0  # how often a hot-unplug the guest has not completed is asked again
+
+
+def _disk_targets(xml: str) -> dict[str, ET.Element]:
+    """Every ``<disk>`` of a domain XML by its target dev."""
+    found = {}
+    for disk in ET.fromstring(xml).iterfind("devices/disk"):
+        target = disk.find("target")
+        if target is not None and target.get("dev"):
+            found[target.get("dev")] = disk
+    return found
+
+
+def _find_disk(devices: ET.Element, target_dev: str) -> ET.Element:
+    for disk in devices.iterfind("disk"):
+        target = disk.find("target")
+        if target is not None and target.get("dev") == target_dev:
+            return disk
+    raise DriverError(f"no disk {target_dev}")
+
+
 class LibvirtDriver(HypervisorDriver):
     """Drives one libvirt connection. ``machine`` is the guest machine type (``q35`` suits
     PCIe pass-through); ``poll_interval_s`` paces the wait for a graceful shutdown."""
@@ -210,6 +232,9 @@ class LibvirtDriver(HypervisorDriver):
         cpu_mode: str = "host-passthrough",
         cpu_disable: tuple[str, ...] = (),
         poll_interval_s: float = 0.5,
+        detach_timeout_s: float = 30.0,
+        accel: str = "kvm",
+        host: str = "",
     ) -> None:
         _silence_libvirt_stderr()
         self.uri = uri
@@ -217,8 +242,18 @@ class LibvirtDriver(HypervisorDriver):
         self.cpu_mode = cpu_mode
         self.cpu_disable = cpu_disable
         self.poll_interval_s = poll_interval_s
+        self.detach_timeout_s = detach_timeout_s
         self._conn = _call(f"open {uri}", lambda: libvirt.open(uri))
-        self._domain_type = "test" if self._conn.getType().lower() == "test" else "kvm"
+        # ``accel`` (``compute.drivers.accel``): "kvm", or "tcg" for QEMU's emulation, whose
+        # domains are type "qemu" and have no host CPU to pass through.
+        # ``host``: this agent's Kumo host name, written into every domain it defines;
+        # ``list_guests`` then leaves out domains another host's agent defined on the same
+        # libvirt (agents of a test fleet, or a bench, sharing one libvirtd).
+        self.host = host
+        self.accel = "" if self._conn.getType().lower() == "test" else accel
+        self._domain_type = {"": "test", "tcg": "qemu"}.get(self.accel, "kvm")
+        if self.accel == "tcg":
+            self.cpu_mode, self.cpu_disable = "", ()
         self._cells: tuple[NumaCell, ...] | None = None  # host_cells() cache
 
     @property
@@ -334,6 +369,7 @@ class LibvirtDriver(HypervisorDriver):
                 machine=self.machine,
                 cpu_mode=self.cpu_mode,
                 cpu_disable=self.cpu_disable,
+                host=self.host,
             )
         except ValueError as exc:  # a cell the host lacks, too many devices on one cell
             raise DriverError(f"vm {spec.vm_id}: {exc}") from exc
@@ -392,6 +428,8 @@ class LibvirtDriver(HypervisorDriver):
                 meta = domain_xml.parse_kumo_metadata(self._inactive_xml(dom))
                 if meta is None or dom.name() != domain_xml.domain_name(meta.vm_id):
                     continue
+                if self.host and meta.host and meta.host != self.host:
+                    continue  # another agent's guest on a libvirt shared with it
                 guests.append(
                     GuestState(meta.vm_id, meta.generation, self._power(dom), _cpu_time(dom))
                 )
@@ -401,8 +439,123 @@ class LibvirtDriver(HypervisorDriver):
                 continue  # metadata with a vm_id Kumo never issues: not ours
         return sorted(guests, key=lambda guest: guest.vm_id)
 
+    # -- volumes, live ----------------------------------------------------------------------
+    # libvirt's test driver has no device hot-plug: on a simulated host these change the
+    # definition only, by redefining it.
+
+    def _running(self, dom: libvirt.virDomain) -> bool:
+        return self._power(dom) in (PowerState.RUNNING, PowerState.PAUSED)
+
+    def _live_xml(self, dom: libvirt.virDomain) -> str:
+        return _call(f"read {dom.name()}", lambda: dom.XMLDesc(0))
+
+    def _redefine(self, dom: libvirt.virDomain, change: Callable[[ET.Element], None]) -> None:
+        root = ET.fromstring(self._inactive_xml(dom))
+        change(root.find("devices"))
+        xml = ET.tostring(root, encoding="unicode")
+        _call(f"redefine {dom.name()}", lambda: self._conn.defineXML(xml))
+
+    def volume_disks(self, vm_id: str) -> dict[str, tuple[str, str, str]]:
+        dom = self._lookup(vm_id)
+        live = self._running(dom) and not self.simulated
+        return domain_xml.volume_disks(self._live_xml(dom) if live else self._inactive_xml(dom))
+
+    def ensure_disk_attached(self, vm_id: str, disk: DiskSpec) -> None:
+        dom = self._lookup(vm_id)
+        element = domain_xml.disk_element(disk)
+        flags = 0
+        if disk.target_dev not in _disk_targets(self._inactive_xml(dom)):
+            flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        live = self._running(dom) and not self.simulated
+        if live and disk.target_dev not in _disk_targets(self._live_xml(dom)):
+            flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+        if not flags:
+            return
+        if self.simulated:
+            self._redefine(dom, lambda devices: devices.append(element))
+        else:
+            xml = ET.tostring(element, encoding="unicode")
+            _call(
+                f"attach {disk.target_dev} to vm {vm_id}",
+                lambda: dom.attachDeviceFlags(xml, flags),
+            )
+        log.info("vm %s: attached %s (%s, flags %d)", vm_id, disk.target_dev, disk.source, flags)
+
+    def ensure_disk_detached(self, vm_id: str, target_dev: str) -> None:
+        dom = self._lookup(vm_id)
+        configured = _disk_targets(self._inactive_xml(dom)).get(target_dev)
+        if configured is not None:
+            if self.simulated:
+                self._redefine(dom, lambda devices: devices.remove(_find_disk(devices, target_dev)))
+            else:
+                xml = ET.tostring(configured, encoding="unicode")
+                _call(
+                    f"detach {target_dev} from the definition of vm {vm_id}",
+                    lambda: dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_CONFIG),
+                )
+        if not self._running(dom) or self.simulated:
+            return
+        attached = _disk_targets(self._live_xml(dom)).get(target_dev)
+        if attached is None:
+            return
+        xml = ET.tostring(attached, encoding="unicode")
+        _call(
+            f"detach {target_dev} from vm {vm_id}",
+            lambda: dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE),
+        )
+        deadline = time.monotonic() + self.detach_timeout_s
+        ask_again = time.monotonic() + DETACH_REASK_S
+        while target_dev in _disk_targets(self._live_xml(dom)):
+            now = time.monotonic()
+            if now > deadline:
+                raise DriverError(
+                    f"vm {vm_id}: the guest has not released {target_dev} within "
+                    f"{self.detach_timeout_s:.0f} s"
+                )
+            if now > ask_again:  # a guest still booting may have missed the request
+                ask_again = now + DETACH_REASK_S
+                try:
+                    dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                except libvirt.libvirtError as exc:
+                    log.info("vm %s: asking again to release %s: %s", vm_id, target_dev, exc)
+            time.sleep(self.poll_interval_s)
+        log.info("vm %s: detached %s", vm_id, target_dev)
+
+    def ensure_disk_size(self, vm_id: str, target_dev: str, size_bytes: int) -> int:
+        dom = self._lookup(vm_id)
+        if not self._running(dom) or self.simulated:
+            return 0
+        info = _call(f"size of {target_dev} of vm {vm_id}", lambda: dom.blockInfo(target_dev))
+        capacity = info[0]
+        if capacity < size_bytes:
+            _call(
+                f"grow {target_dev} of vm {vm_id}",
+                lambda: dom.blockResize(
+                    target_dev, size_bytes, libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES
+                ),
+            )
+            log.info("vm %s: %s grown live to %d bytes", vm_id, target_dev, size_bytes)
+            capacity = size_bytes
+        return capacity
+
     def domain_xml(self, vm_id: str) -> str:
         return self._inactive_xml(self._lookup(vm_id))
+
+    def reset(self, vm_id: str) -> GuestState:
+        dom = self._lookup(validate_vm_id(vm_id))
+        if self._power(dom) is PowerState.RUNNING:
+            log.info("vm %s: hard reset", vm_id)
+            self._tolerate(f"reset vm {vm_id}", lambda: dom.reset(0))
+        return self._observe(dom, vm_id)
+
+    def console_log(self, vm_id: str, max_bytes: int = 65536) -> bytes:
+        """The tail of the serial console's log file (named in the domain's
+        ``<serial><log file=…>``; virtlogd writes it, and its rotated ``.0`` is read too
+        when the current file is shorter than asked)."""
+        path = domain_xml.console_log_path(self._inactive_xml(self._lookup(vm_id)))
+        if not path or max_bytes <= 0:
+            return b""
+        return read_tail([f"{path}.0", path], max_bytes)
 
     def host_inventory(self) -> HostInventory:
         """Read afresh on every call (and refreshes the ``host_cells()`` cache). Cells come
@@ -417,6 +570,7 @@ class LibvirtDriver(HypervisorDriver):
             cells=self._cells,
             devices=self._read_devices(),
             hypervisor=_call("read hypervisor type", self._conn.getType),
+            accel=self.accel,
         )
 
     # -- host topology ----------------------------------------------------------------------
@@ -428,3 +582,23 @@ class LibvirtDriver(HypervisorDriver):
         if self._cells is None:
             self._cells = self._read_cells()
         return self._cells
+
+
+def read_tail(paths: list[str], max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of ``paths`` read as one stream, oldest first; a missing file
+    counts as empty. Reads at most ``max_bytes`` from each file."""
+    out = b""
+    for path in reversed(paths):
+        if len(out) >= max_bytes:
+            break
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                want = max_bytes - len(out)
+                f.seek(max(0, size - want))
+                out = f.read(want) + out
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise DriverError(f"console log {path}: {e}") from e
+    return out[-max_bytes:]

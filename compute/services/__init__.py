@@ -1,16 +1,17 @@
 """Every write to compute's objects, one module per part:
 
 - ``hosts``: heartbeats, liveness, operator labels and states, pings;
-- ``catalog``: templates, images and placement groups;
+- ``catalog``: templates, pre-staged images and placement groups;
+- ``images``: images as a service: upload into the image store, import, delete, fetch;
 - ``vms``: the VM life cycle (create, start, stop, reboot, delete) and pending placement;
 - ``reconcile``: what agents report (inventory, guests, observed state) and the drift work;
 - ``spot``: preemption, eviction notices and the hand-over, guaranteed minimums;
-- ``reclaim``: reclamation of expired projects' and idle VMs.
+- ``reclaim``: reclamation of expired projects' and idle VMs;
+- ``shelve``: shelve (release every claim, keep the root disk) and unshelve.
 """
 
 from compute.services.catalog import (
     image_create,
-    image_delete,
     placement_group_create,
     placement_group_delete,
     template_create,
@@ -19,10 +20,18 @@ from compute.services.catalog import (
 from compute.services.hosts import (
     PING_TASK,
     host_heartbeat,
+    host_heartbeat_reported,
     host_ping,
     host_set_state,
     host_update,
     hosts_check,
+)
+from compute.services.images import (
+    image_delete,
+    image_fetch,
+    image_import,
+    image_register,
+    image_upload,
 )
 from compute.services.reclaim import reclaim_run, reclamation_report
 from compute.services.reconcile import (
@@ -33,6 +42,7 @@ from compute.services.reconcile import (
     vm_observed,
     vms_reap_stuck,
 )
+from compute.services.shelve import vm_shelve, vm_unshelve
 from compute.services.spot import (
     eviction_acknowledge,
     evictions_reap,
@@ -41,9 +51,12 @@ from compute.services.spot import (
     vm_start_evicted,
 )
 from compute.services.vms import (
+    vm_console_log,
     vm_create,
     vm_delete,
+    vm_power_off,
     vm_reboot,
+    vm_reset,
     vm_schedule_pending,
     vm_start,
     vm_stop,
@@ -57,12 +70,17 @@ __all__ = [
     "guests_reported",
     "host_guests_list",
     "host_heartbeat",
+    "host_heartbeat_reported",
     "host_ping",
     "host_set_state",
     "host_update",
     "hosts_check",
     "image_create",
     "image_delete",
+    "image_fetch",
+    "image_import",
+    "image_register",
+    "image_upload",
     "inventory_reported",
     "placement_group_create",
     "placement_group_delete",
@@ -71,14 +89,19 @@ __all__ = [
     "reclamation_report",
     "template_create",
     "template_update",
+    "vm_console_log",
     "vm_create",
     "vm_delete",
     "vm_describe",
     "vm_observed",
+    "vm_power_off",
     "vm_reboot",
+    "vm_reset",
     "vm_schedule_pending",
+    "vm_shelve",
     "vm_start",
     "vm_start_evicted",
     "vm_stop",
+    "vm_unshelve",
     "vms_reap_stuck",
 ]

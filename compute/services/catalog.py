@@ -5,7 +5,14 @@ import re
 
 from django.db import IntegrityError, transaction
 
-from compute.choices import ImageFormat, PlacementPolicy, Visibility, VmState
+from compute.choices import (
+    EvictAction,
+    ImageFormat,
+    ImageState,
+    PlacementPolicy,
+    Visibility,
+    VmState,
+)
 from compute.models import Image, PlacementGroup, Template, VirtualMachine
 from controlplane import audit
 from controlplane.errors import Conflict, InvalidInput
@@ -26,9 +33,13 @@ def template_create(
     spot_allowed: bool = True,
     description: str = "",
     eviction_notice_s: int = 30,
+    evict_action: str = "stop",
 ) -> Template:
     """A new VM size. GPU templates take 1, 2, 4 or 8 GPUs of one named model; spot VMs of
-    it get ``eviction_notice_s`` of notice before eviction."""
+    it get ``eviction_notice_s`` of notice before eviction, then are evicted or, with
+    ``evict_action="shelve"``, shelved (their root disk kept for unshelve)."""
+    if evict_action not in EvictAction.values:
+        raise InvalidInput.field("evict_action", f"must be one of {', '.join(EvictAction.values)}")
     if gpus not in (0, 1, 2, 4, 8):
         raise InvalidInput.field("gpus", "must be 0, 1, 2, 4 or 8")
     if gpus and not gpu_model:
@@ -45,6 +56,7 @@ def template_create(
         spot_allowed=spot_allowed,
         description=description,
         eviction_notice_s=eviction_notice_s,
+        evict_action=evict_action,
     )
     audit.record("template.create", template, detail={"vcpus": vcpus, "gpus": gpus})
     return template
@@ -80,8 +92,12 @@ def image_create(
     size_bytes: int = 0,
     min_disk_gib: int = 0,
     min_memory_gib: int = 0,
+    login_user: str = "",
 ) -> Image:
-    """Register an image: public when ``project`` is None (operators), else the project's."""
+    """Register an image already on every host at ``location`` (pre-staged; simulated
+    hosts read no disk, so their images are only this): active at once, public when
+    ``project`` is None, else the project's. Images uploaded through Kumo are made by
+    ``compute.services.images`` instead."""
     if format not in ImageFormat.values:
         raise InvalidInput.field("format", f"must be one of {', '.join(ImageFormat.values)}")
     if not _CHECKSUM_RE.match(checksum):
@@ -99,20 +115,13 @@ def image_create(
         size_bytes=size_bytes,
         min_disk_gib=min_disk_gib,
         min_memory_gib=min_memory_gib,
+        login_user=login_user,
+        state=ImageState.ACTIVE,
         visibility=Visibility.PROJECT if project else Visibility.PUBLIC,
         project=project,
     )
     audit.record("image.create", image, project=project, detail={"location": location})
     return image
-
-
-@transaction.atomic
-def image_delete(*, image: Image) -> None:
-    """Withdraw an image. VMs booted from it keep running; it is only hidden from new ones."""
-    if image.active:
-        image.active = False
-        image.save(update_fields=["active"])
-        audit.record("image.delete", image, project=image.project)
 
 
 @transaction.atomic

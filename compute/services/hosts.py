@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -19,6 +20,41 @@ log = logging.getLogger(__name__)
 PING_TASK = "kumo.host.agent.ping"
 
 
+def host_heartbeat_reported(*, host: str, payload: dict, sent_at: datetime) -> None:
+    """The heartbeat report's handler. A heartbeat that only says "still here" (the host is
+    enrolled and not down, and its agent's version, start, libvirt URI and capabilities are
+    what Kumo has) moves ``last_heartbeat_at`` in one conditional UPDATE; anything else (a new
+    host, a host coming back, an agent restarted or upgraded, a late heartbeat) is
+    ``host_heartbeat``'s, unchanged. A fleet's hosts send these all the time, almost all of
+    them of the first kind."""
+    version, uri, capabilities, started = _heartbeat_fields(payload)
+    still_here = (
+        Host.objects.filter(
+            name=host,
+            agent_version=version,
+            libvirt_uri=uri,
+            capabilities=capabilities,
+            agent_started_at=started,
+        )
+        .exclude(state__in=[HostState.ENROLLING, HostState.DOWN])
+        .filter(Q(last_heartbeat_at__lt=sent_at) | Q(last_heartbeat_at__isnull=True))
+        .update(last_heartbeat_at=sent_at, updated_at=timezone.now())
+    )
+    if not still_here:
+        host_heartbeat(host=host, payload=payload, sent_at=sent_at)
+
+
+def _heartbeat_fields(payload: dict):
+    """What a heartbeat says of its agent: version, libvirt URI, capabilities, start."""
+    started = payload.get("started_at")
+    return (
+        str(payload.get("version", ""))[:32],
+        str(payload.get("libvirt_uri", ""))[:255],
+        list(payload.get("capabilities", [])),
+        parse_datetime(started) if isinstance(started, str) else None,
+    )
+
+
 @transaction.atomic
 def host_heartbeat(*, host: str, payload: dict, sent_at: datetime) -> Host:
     """Record a heartbeat: creates the host on its first one, brings a down host back up.
@@ -30,11 +66,9 @@ def host_heartbeat(*, host: str, payload: dict, sent_at: datetime) -> Host:
         return obj
     previous = obj.state
     obj.last_heartbeat_at = sent_at
-    obj.agent_version = str(payload.get("version", ""))[:32]
-    obj.libvirt_uri = str(payload.get("libvirt_uri", ""))[:255]
-    obj.capabilities = list(payload.get("capabilities", []))
-    started = payload.get("started_at")
-    obj.agent_started_at = parse_datetime(started) if isinstance(started, str) else None
+    obj.agent_version, obj.libvirt_uri, obj.capabilities, obj.agent_started_at = _heartbeat_fields(
+        payload
+    )
     if obj.state in (HostState.ENROLLING, HostState.DOWN):
         obj.state, obj.state_reason = HostState.UP, ""
     obj.save()
@@ -73,6 +107,9 @@ def hosts_check(*, now: datetime | None = None) -> list[str]:
                 power_state=PowerState.UNKNOWN, updated_at=now
             )
             log.warning("host %s marked down: %s", host.name, host.state_reason)
+            from compute import guarantees
+
+            guarantees.guarantees_check(cause=f"host {host.name} is down")
             names.append(host.name)
     return names
 
@@ -142,6 +179,10 @@ def host_set_state(*, host: Host, state: str, reason: str = "") -> Host:
         audit.record(
             "host.set_state", host, detail={"from": previous, "to": state, "reason": reason}
         )
+        if state != HostState.UP:
+            from compute import guarantees
+
+            guarantees.guarantees_check(cause=f"host {host.name} is {state}")
     return host
 
 

@@ -7,6 +7,10 @@ its admins), recorded in the audit log when announced and when done, and kept on
 on. Beat runs ``reclaim_run`` every ``KUMO_RECLAIM_INTERVAL_S``; the project reads the
 thresholds and its scheduled steps at ``/api/v1/projects/{slug}/reclamation/``.
 
+Where this says "stopped", the VM is shelved (``compute.services.shelve``): its guest stops,
+its root disk is kept and every claim (GPUs, vCPUs, memory, host) is released, so the
+capacity returns to others; its owner unshelves it to run again.
+
 - **A project past its end date** (status ``expired``, set by ``tenants.projects_expire``):
   each running VM is stopped ``KUMO_RECLAIM_EXPIRED_NOTICE_S`` after the announcement, then
   deleted ``KUMO_RECLAIM_EXPIRED_GRACE_S`` after it stopped; a VM not running is only
@@ -32,7 +36,8 @@ from django.utils import timezone
 
 from compute.choices import ReclaimAction, ReclaimReason, VmState, VmTask
 from compute.models import CapacityGuarantee, VirtualMachine
-from compute.services.vms import vm_delete, vm_stop
+from compute.services.shelve import vm_shelve
+from compute.services.vms import vm_delete
 from controlplane import audit, events
 from controlplane.errors import Conflict
 from tenants.choices import ProjectStatus
@@ -156,8 +161,11 @@ def _step(vm: VirtualMachine, now: datetime) -> str | None:
         return None
     if vm.reclaim_action == ReclaimAction.STOP:
         if vm.state == VmState.RUNNING and not vm.task_state:
-            vm_stop(vm=vm)
-            _done(vm, ReclaimAction.STOP, vm.reclaim_reason)
+            # Shelved, not only stopped: its GPUs, vCPUs and memory really return.
+            reason = vm.reclaim_reason
+            vm_shelve(vm=vm)
+            vm.reclaim_reason = reason
+            _done(vm, ReclaimAction.STOP, reason)
         elif vm.state == VmState.RUNNING:
             return None  # an action in flight: next pass
         if vm.reclaim_reason == ReclaimReason.PROJECT_EXPIRED:

@@ -24,7 +24,7 @@ from compute.choices import DesiredPower, DeviceKind, PowerState, VmState, VmTas
 from compute.gpus import device_model
 from compute.models import Device, Host, OrphanGuest, VirtualMachine
 from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
-from compute.services import reclaim, spot
+from compute.services import reclaim, shelve, spot
 from compute.services.vms import (
     current_operation,
     desired_power,
@@ -56,6 +56,7 @@ def inventory_reported(*, host: str, payload: dict, sent_at: datetime) -> Host:
     obj.memory_mib = int(payload.get("memory_mib", 0))
     obj.numa_cells = list(payload.get("cells", []))
     obj.hypervisor = str(payload.get("hypervisor", ""))[:32]
+    obj.guest_accel = str(payload.get("accel", ""))[:8]
     obj.inventory_reported_at = sent_at
     obj.save()
 
@@ -205,6 +206,10 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         vm_finish_delete(vm)
         _finish_operation(operation_id, vm=vm, ok=True)
         return vm
+    if vm.state == VmState.SHELVING and power == ABSENT and generation >= vm.generation:
+        shelve.vm_finish_shelve(vm)
+        _finish_operation(operation_id, vm=vm, ok=True)
+        return vm
     changes = _settle(vm, generation, power, now)
     VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
     previous = vm.state
@@ -237,6 +242,10 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
 
     Returns what it did: ``reissued`` (VM ids sent their work again), ``settled`` (VMs
     whose state followed the observation), ``orphans_destroyed``.
+
+    ``sent_at`` is when the agent took the report. What it says of a VM changed after that
+    (``updated_at``) is stale: it neither finishes a delete (the guest may have been built
+    since) nor sends work again (the change sent its own); the next report decides.
     """
     # The host row, then its VMs by primary key: the lock order of every writer of a
     # host's VMs (``compute.services.spot.evictions_hand_over``).
@@ -265,7 +274,17 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
             accounted.add(vm_id)
         if desired is None:
             continue
+        stale = sent_at < vm.updated_at  # taken before the VM's last change
+        if guest is None and vm.state == VmState.SHELVING:
+            if stale:
+                continue
+            shelve.vm_finish_shelve(vm)
+            _finish_operation(current_operation(vm), vm=vm, ok=True)
+            done["settled"].append(vm_id)
+            continue
         if guest is None and desired == DesiredPower.ABSENT:
+            if stale:
+                continue
             vm_finish_delete(vm)
             _finish_operation(current_operation(vm), vm=vm, ok=True)
             done["settled"].append(vm_id)
@@ -285,7 +304,7 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
                     _finish_operation(current_operation(vm), vm=vm, ok=True)
             if vm.state == VmState.EVICTING and spot.shut_off(vm):
                 continue  # evicted below, with the rest of its hand-over
-        if behind and now - vm.updated_at > grace:
+        if behind and not stale and now - vm.updated_at > grace:
             log.info(
                 "vm %s generation %d: drift on %s (%s); work sent again",
                 vm_id,
@@ -308,18 +327,33 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
         ):
             continue
         if VirtualMachine.objects.filter(
-            pk=_uuid_or_none(vm_id), evicted_host=obj, state=VmState.EVICTED
+            pk=_uuid_or_none(vm_id),
+            evicted_host=obj,
+            state__in=[VmState.EVICTED, VmState.SHELVED],
         ).exists():
             continue  # an evicted VM's stopped guest: kept until it starts elsewhere
         orphan = orphans.get(vm_id) or OrphanGuest.objects.create(
             host=obj, vm_id=vm_id, first_seen_at=now
         )
-        if now - orphan.first_seen_at >= timedelta(seconds=settings.ORPHAN_GRACE_S):
+        # A guest seen after its VM was deleted came back (a late message): it holds
+        # devices the VM gave back, so it goes at once, not after the orphan grace.
+        deleted = (
+            VirtualMachine.objects.filter(
+                pk=_uuid_or_none(vm_id), state=VmState.DELETED, deleted_at__lt=sent_at
+            )
+            .values_list("generation", flat=True)
+            .first()
+        )
+        if deleted is not None or now - orphan.first_seen_at >= timedelta(
+            seconds=settings.ORPHAN_GRACE_S
+        ):
             message = VmApply(
                 vm_id=vm_id,
-                generation=reported[vm_id]["generation"] + 1,
+                generation=max(reported[vm_id]["generation"], deleted or 0) + 1,
                 desired=DesiredPower.ABSENT,
             )
+            if deleted is not None:
+                log.warning("vm %s: deleted, yet its guest runs on %s; destroyed now", vm_id, host)
             agents.send_to_host(host, VM_APPLY_TASK, **message.to_wire())
             orphan.destroy_sent_at = now
             orphan.save(update_fields=["destroy_sent_at"])

@@ -55,10 +55,7 @@ from compute.models import CapacityGuarantee, Host, VirtualMachine
 from compute.preemption import Candidate, Preemption, choose_victims
 from compute.scheduler import NoValidHost
 from compute.services.vms import (
-    _guard,
-    _open_operation,
-    _place,
-    _require_active,
+    _requeue,
     _transition,
     current_operation,
     send_apply,
@@ -66,7 +63,6 @@ from compute.services.vms import (
 from controlplane import audit, events
 from controlplane.errors import Conflict, NotFound
 from controlplane.models import Operation
-from tenants import quotas
 
 log = logging.getLogger(__name__)
 
@@ -117,23 +113,11 @@ def protected_spot_vms() -> set:
     return protected
 
 
-def guarantee_set(*, project, min_gpus: int) -> CapacityGuarantee:
-    """Set ``project``'s guaranteed minimum (operators); 0 removes it."""
-    with transaction.atomic():
-        current = CapacityGuarantee.objects.select_for_update().filter(project=project).first()
-        before = current.min_gpus if current else 0
-        if current is None:
-            current = CapacityGuarantee(project=project)
-        current.min_gpus = min_gpus
-        current.save()
-        if before != min_gpus:
-            audit.record(
-                "capacity_guarantee.update",
-                current,
-                project=project,
-                detail={"min_gpus": {"from": before, "to": min_gpus}},
-            )
-        return current
+def guarantee_set(*, project, min_gpus: int, **more) -> CapacityGuarantee:
+    """Set ``project``'s guaranteed minimum (operators); see ``compute.guarantees``."""
+    from compute import guarantees
+
+    return guarantees.guarantee_set(project=project, min_gpus=min_gpus, **more)
 
 
 # --- deciding -------------------------------------------------------------------------------
@@ -303,6 +287,10 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
     times in all; then the periodic placement tries again."""
     if vm.priority != Priority.ON_DEMAND or vm.state != VmState.PENDING or vm.reserved_host_id:
         return None
+    from compute import guarantees
+
+    if guarantees.admission_refusal(vm):
+        return None  # it may not take the capacity it would free: it waits
     for _attempt in range(DECIDE_ATTEMPTS):
         decision = decide(vm)
         if decision is None:
@@ -311,7 +299,10 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
         try:
             with transaction.atomic():
                 victims = _lock_victims(decision)
-                deadlines = [_notify(victim, vm, now) for victim in victims]
+                # The victims' trails name the scheduler, never this request's user,
+                # address or VM (the victims may be other projects').
+                with audit.acting_as("scheduler"):
+                    deadlines = [_notify(victim, vm, now) for victim in victims]
             break
         except Conflict as e:
             log.info("vm %s: preemption on %s abandoned: %s", vm.pk, decision.host_name, e)
@@ -336,7 +327,9 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
         project=vm.project,
         detail={
             "host": decision.host_name,
-            "victims": list(decision.victims),
+            "victims": len(victims),
+            # only this project's own victims are named in its trail
+            "own_victims": [str(v.pk) for v in victims if v.project_id == vm.project_id],
             "deadline": deadline.isoformat(),
         },
     )
@@ -392,7 +385,7 @@ def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> da
         evicted_for=waiter,
         state_reason=f"spot capacity reclaimed for an on-demand VM; stops at {deadline:%H:%M:%S}",
     )
-    detail = {"deadline": deadline.isoformat(), "host": victim.host.name, "for": str(waiter.pk)}
+    detail = {"deadline": deadline.isoformat(), "host": victim.host.name}
     audit.record("vm.eviction_notice", victim, project=victim.project, detail=detail)
     events.emit(
         "vm.eviction_notice",
@@ -482,7 +475,7 @@ def evictions_hand_over(host: Host) -> list[str]:
     (``preempt_for`` too), so none of them can wait for another in a cycle."""
     victims = list(
         VirtualMachine.objects.select_for_update(of=("self",))
-        .select_related("project")
+        .select_related("project", "template")
         .filter(host_id=host.pk, state=VmState.EVICTING)
         .order_by("pk")
     )
@@ -504,12 +497,17 @@ def evictions_hand_over(host: Host) -> list[str]:
 
 def _evict(victims: list[VirtualMachine], host: Host) -> None:
     """Release what ``victims`` hold on ``host`` and move them to evicted."""
+    from compute.choices import EvictAction
+    from compute.services import shelve
+
     now = timezone.now()
     for victim in victims:
         placement.release(victim)
+        shelving = victim.template.evict_action == EvictAction.SHELVE
+        outcome = shelve.shelve_evicted(victim, host, now) if shelving else {}
         _transition(
             victim,
-            state=VmState.EVICTED,
+            **{"state": VmState.EVICTED, **outcome},
             task_state=VmTask.NONE,
             host=None,
             numa_cell=None,
@@ -517,7 +515,8 @@ def _evict(victims: list[VirtualMachine], host: Host) -> None:
             evicted_at=now,
             evicted_host=host,
             evicted_for=None,
-            state_reason=f"evicted from {host.name} at {now.isoformat()}",
+            state_reason=f"evicted from {host.name} at {now.isoformat()}"
+            + ("; shelved: unshelve it to run again" if shelving else ""),
         )
         audit.record("vm.evicted", victim, project=victim.project, detail={"host": host.name})
         events.emit(
@@ -577,30 +576,7 @@ def _place_waiter(waiter_id, host_id: int) -> None:
 def vm_start_evicted(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """evicted → pending → placed when room is free. Its quota is claimed again (an evicted
     VM holds none), so a project that used it meanwhile gets 409."""
-    _require_active(vm.project)
-    _guard(vm, "start")
-    quotas.check(
-        vm.project,
-        vms=1,
-        vcpus=vm.vcpus,
-        memory_gib=-(-vm.memory_mib // 1024),
-        gpus=vm.gpus,
-    )
-    vm = _transition(
-        vm,
-        state=VmState.PENDING,
-        task_state=VmTask.NONE,
-        eviction_notice_at=None,
-        eviction_deadline=None,
-        eviction_acknowledged_at=None,
-        state_reason="waiting for capacity",
-    )
-    operation = _open_operation(vm, "vm.start", actor)
-    try:
-        _place(vm)
-    except NoValidHost as e:
-        VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
-        vm.state_reason = e.reason[:500]
+    operation, _placed = _requeue(vm, action="start", kind="vm.start", actor=actor)
     audit.record(
         "vm.start",
         vm,

@@ -7,20 +7,31 @@ The host work each action asks for goes out after commit, carrying the new gener
 """
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from compute import placement
 from compute.choices import DesiredPower, Priority, VmState, VmTask
 from compute.models import Image, PlacementGroup, Template, VirtualMachine
-from compute.protocol import VM_APPLY_TASK, DeviceWire, InterfaceWire, VmApply
+from compute.protocol import (
+    CONSOLE_LOG_MAX_BYTES,
+    VM_APPLY_TASK,
+    VM_CONSOLE_LOG_TASK,
+    DeviceWire,
+    InterfaceWire,
+    VmApply,
+)
 from compute.scheduler import NoValidHost
+from compute.services.images import image_fetch
 from controlplane import agents, audit
+from controlplane.choices import OperationState
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
-from controlplane.services import operation_create, operation_finish
+from controlplane.services import DEADLINE_EXCEEDED, operation_create, operation_finish
 from tenants import quotas, usage
 from tenants.choices import ProjectStatus
 from tenants.models import Project
@@ -31,11 +42,13 @@ log = logging.getLogger(__name__)
 ACTIONS: dict[str, set[str]] = {
     VmState.PENDING: {"delete"},
     VmState.PROVISIONING: {"delete"},
-    VmState.RUNNING: {"stop", "reboot", "delete"},
-    VmState.STOPPED: {"start", "delete"},
+    VmState.RUNNING: {"stop", "reboot", "reset", "power_off", "shelve", "delete"},
+    VmState.STOPPED: {"start", "shelve", "delete"},
     VmState.ERROR: {"delete"},
     VmState.EVICTING: {"delete"},
     VmState.EVICTED: {"start", "delete"},
+    VmState.SHELVING: {"delete"},
+    VmState.SHELVED: {"unshelve", "delete"},
     VmState.DELETING: set(),
     VmState.DELETED: set(),
 }
@@ -43,10 +56,12 @@ ACTIONS: dict[str, set[str]] = {
 
 def desired_power(vm: VirtualMachine) -> str | None:
     """What the host should make of the guest now; None when no host work is wanted."""
-    if vm.state == VmState.DELETING:
+    if vm.state in (VmState.DELETING, VmState.SHELVING):
         return DesiredPower.ABSENT
-    if vm.task_state in (VmTask.STARTING, VmTask.REBOOTING):
+    if vm.task_state in (VmTask.STARTING, VmTask.REBOOTING, VmTask.RESETTING):
         return DesiredPower.RUNNING
+    if vm.task_state == VmTask.POWERING_OFF:
+        return DesiredPower.STOPPED
     if vm.state == VmState.EVICTING:
         # The guest runs out its notice, then stops (``compute.services.spot``).
         ended = vm.eviction_deadline is not None and vm.eviction_deadline <= timezone.now()
@@ -75,11 +90,18 @@ def storage(vm: VirtualMachine) -> dict:
 
 def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
     """The host task that converges ``vm``'s guest to what the database wants now."""
+    from compute.services import shelve
+
     desired = desired_power(vm)
     if desired == DesiredPower.ABSENT:
         return VmApply(
-            vm_id=str(vm.pk), generation=vm.generation, desired=desired, operation_id=operation_id
-        )
+            vm_id=str(vm.pk),
+            generation=vm.generation,
+            desired=desired,
+            operation_id=operation_id,
+            graceful_timeout_s=settings.VM_STOP_GRACE_S,
+            extra=shelve.absent_extra(vm),
+        )  # a removal never expires: it is always safe
     devices = tuple(
         DeviceWire(
             address=d.pci_address,
@@ -103,16 +125,24 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
         devices=devices,
         image_location=vm.image.location,
         image_format=vm.image.format,
+        **image_fetch(vm.image),
         disk_gib=vm.disk_gib,
         ssh_keys=tuple(vm.ssh_keys),
         user_data=vm.user_data,
         reboot=vm.task_state == VmTask.REBOOTING,
-        graceful_timeout_s=settings.SPOT_STOP_GRACE_S
+        reset=vm.task_state == VmTask.RESETTING,
+        graceful_timeout_s=0
+        if vm.task_state == VmTask.POWERING_OFF
+        else settings.SPOT_STOP_GRACE_S
         if vm.state == VmState.EVICTING
         else settings.VM_STOP_GRACE_S,
         operation_id=operation_id,
         interfaces=interfaces(vm),
-        extra={"metadata": {"url": settings.METADATA_URL, "token": vm.metadata_token}},
+        extra={
+            "metadata": {"url": settings.METADATA_URL, "token": vm.metadata_token},
+            **shelve.boot_extra(vm),
+        },
+        expires_at=time.time() + settings.VM_APPLY_TTL_S,
         **storage(vm),
     )
 
@@ -135,16 +165,42 @@ def _open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
     )
 
 
+def _vm_operations(vm: VirtualMachine):
+    return Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
+
+
 def current_operation(vm: VirtualMachine) -> str:
-    """The id of the newest unfinished operation on ``vm`` (what a host's answer finishes)."""
+    """The id of the newest operation on ``vm`` a host's answer may still finish: unfinished,
+    or failed by the reaper's deadline alone (a late success overturns that;
+    ``controlplane.services.operation_finish``)."""
     op = (
-        Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
-        .exclude(state__in=["succeeded", "failed"])
+        _vm_operations(vm)
+        .filter(
+            Q(state__in=[OperationState.PENDING, OperationState.RUNNING])
+            | Q(state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED)
+        )
         .order_by("-created_at")
         .values_list("pk", flat=True)
         .first()
     )
     return str(op) if op else ""
+
+
+def _supersede_operations(vm: VirtualMachine, by: str) -> None:
+    """Finish every open operation on ``vm`` at once, failed as ``superseded``: the VM is
+    being deleted, so nothing they asked for will happen (a create whose VM never launched,
+    a start or stop overtaken by the delete)."""
+    for op_id in (
+        _vm_operations(vm)
+        .filter(state__in=[OperationState.PENDING, OperationState.RUNNING])
+        .values_list("pk", flat=True)
+    ):
+        operation_finish(
+            operation_id=op_id,
+            ok=False,
+            error_code="superseded",
+            error_message=f"the VM was deleted meanwhile ({by})",
+        )
 
 
 def _require_active(project: Project) -> None:
@@ -155,9 +211,28 @@ def _require_active(project: Project) -> None:
         )
 
 
+def _lock(vm: VirtualMachine) -> VirtualMachine:
+    """Lock ``vm``'s row and re-read it, so the guard that follows judges the state as it is
+    now: an internal transition committed meanwhile (provisioning → running) is seen, and
+    one in flight is waited for, instead of failing the action with "changed meanwhile".
+    Call inside the action's transaction; the lock is held until it commits."""
+    list(VirtualMachine.objects.select_for_update().filter(pk=vm.pk).values_list("pk"))
+    vm.refresh_from_db()
+    return vm
+
+
+# Actions that may overrule one in flight: a guest hanging in a graceful stop or reboot
+# can still be powered off, or reset.
+OVERRULES = {
+    "delete": {t for t in VmTask.values},
+    "power_off": {VmTask.STOPPING, VmTask.REBOOTING, VmTask.RESETTING},
+    "reset": {VmTask.REBOOTING},
+}
+
+
 def _guard(vm: VirtualMachine, action: str) -> None:
     allowed = ACTIONS.get(vm.state, set())
-    if action not in allowed or (vm.task_state and action != "delete"):
+    if action not in allowed or (vm.task_state and vm.task_state not in OVERRULES.get(action, ())):
         doing = f" ({vm.task_state} in progress)" if vm.task_state else ""
         raise Conflict(
             f"vm {vm.name} is {vm.state}{doing}; cannot {action} it",
@@ -322,6 +397,39 @@ def _place(vm: VirtualMachine) -> None:
     network.ports_bind(vm)
 
 
+def _requeue(vm: VirtualMachine, *, action: str, kind: str, actor) -> tuple[Operation, bool]:
+    """A VM that holds no claim (evicted, shelved) asks for one again, as a new request:
+    its quota is claimed again (409 when the project used it meanwhile), it turns pending
+    and is placed where it fits. Returns its operation and whether it was placed; when
+    nothing fits it waits, with the reason. ``vm`` is updated in place."""
+    _require_active(vm.project)
+    _guard(vm, action)
+    quotas.check(
+        vm.project,
+        vms=1,
+        vcpus=vm.vcpus,
+        memory_gib=-(-vm.memory_mib // 1024),
+        gpus=vm.gpus,
+    )
+    _transition(
+        vm,
+        state=VmState.PENDING,
+        task_state=VmTask.NONE,
+        eviction_notice_at=None,
+        eviction_deadline=None,
+        eviction_acknowledged_at=None,
+        state_reason="waiting for capacity",
+    )
+    operation = _open_operation(vm, kind, actor)
+    try:
+        _place(vm)
+    except NoValidHost as e:
+        VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
+        vm.state_reason = e.reason[:500]
+        return operation, False
+    return operation, True
+
+
 def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
     placed in its own transaction, so one failure holds up no other."""
@@ -361,7 +469,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
 
 
 def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMachine, Operation]:
-    _guard(vm, action)
+    _guard(_lock(vm), action)
     vm = _transition(vm, **changes)
     operation = _open_operation(vm, f"vm.{action}", actor)
     audit.record(f"vm.{action}", vm, project=vm.project, detail={"operation": str(operation.pk)})
@@ -378,6 +486,10 @@ def vm_start(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operati
         from compute.services import spot
 
         return spot.vm_start_evicted(vm=vm, actor=actor)
+    if vm.state == VmState.SHELVED:
+        from compute.services import shelve
+
+        return shelve.vm_unshelve(vm=vm, actor=actor)
     return _act(vm, "start", actor, task_state=VmTask.STARTING)
 
 
@@ -395,11 +507,49 @@ def vm_reboot(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
 
 
 @transaction.atomic
+def vm_reset(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """Hard-reset a running VM (the reset button): it reboots at once, its OS not asked.
+    Allowed while a graceful reboot hangs."""
+    return _act(vm, "reset", actor, task_state=VmTask.RESETTING)
+
+
+@transaction.atomic
+def vm_power_off(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
+    """running → stopped at once, its OS not asked (pulling the plug; libvirt
+    ``destroy``). Allowed while a graceful stop or reboot hangs."""
+    return _act(vm, "power_off", actor, task_state=VmTask.POWERING_OFF)
+
+
+@transaction.atomic
+def vm_console_log(*, vm: VirtualMachine, max_bytes: int, actor=None) -> Operation:
+    """Ask the VM's host for the last ``max_bytes`` (at most 64 KiB) of the guest's serial
+    console; the answer is the operation's result (``output``). 409 when the VM has no
+    host (never placed, or deleted)."""
+    if vm.host_id is None or vm.state in (VmState.DELETED, VmState.PENDING):
+        raise Conflict(
+            f"vm {vm.name} is {vm.state} and has no console on any host",
+            code="invalid_state",
+            details={"state": [vm.state]},
+        )
+    operation = operation_create(
+        kind="vm.console_log", target=vm, project=vm.project, created_by=actor, deadline_s=60
+    )
+    agents.send_to_host(
+        vm.host.name,
+        VM_CONSOLE_LOG_TASK,
+        vm_id=str(vm.pk),
+        operation_id=str(operation.pk),
+        max_bytes=min(max_bytes, CONSOLE_LOG_MAX_BYTES),
+    )
+    return operation
+
+
+@transaction.atomic
 def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """Delete from any live state. A VM that was never placed is gone at once; a placed one
     is deleting until its host reports the guest absent, and only then gives back its
     host's capacity and GPUs, so nothing is handed out while the guest may still hold it."""
-    _guard(vm, "delete")
+    _guard(_lock(vm), "delete")
     from network import services as network
 
     # The ports go now, not when the guest is gone: its NAT and forwards stop at once and
@@ -409,6 +559,10 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
 
     storage.volumes_release(vm)
     if vm.host_id is None:
+        if vm.kept_disk:
+            from compute.services import shelve
+
+            shelve.kept_disk_remove(vm)
         vm = _transition(
             vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()
         )
@@ -420,11 +574,13 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
                 error_code="deleted",
                 error_message="the VM was deleted before it was placed",
             )
+        _supersede_operations(vm, by="deleted before it was placed")
         operation = _open_operation(vm, "vm.delete", actor)
         audit.record("vm.delete", vm, project=vm.project, detail={"operation": str(operation.pk)})
         operation_finish(operation_id=operation.pk, ok=True, result={"state": vm.state})
         operation.refresh_from_db()
         return vm, operation
+    _supersede_operations(vm, by="deleted by a delete request")
     return _act(vm, "delete", actor, state=VmState.DELETING, task_state=VmTask.NONE)
 
 

@@ -88,6 +88,16 @@ def _resolve(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+def _close_drivers(**_kwargs) -> None:
+    """On shutdown, close the hypervisor connection before the interpreter tears it down."""
+    from compute import host_tasks
+
+    try:
+        host_tasks.close_driver()
+    except Exception as e:  # shutting down: say it, never raise
+        log.warning("hypervisor connection not closed cleanly: %s", e)
+
+
 def create_app(config: AgentConfig) -> Celery:
     runtime.configure(config)
     app = Celery(f"kumo-agent-{config.host}", set_as_current=True)
@@ -105,6 +115,9 @@ def create_app(config: AgentConfig) -> Celery:
         worker_hijack_root_logger=True,
         task_publish_retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
     )
+    from celery.signals import worker_shutdown
+
+    worker_shutdown.connect(_close_drivers, weak=False)
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(PeriodicReports)
     app.conf.include = list(plugins.HOST_TASK_MODULES)

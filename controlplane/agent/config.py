@@ -26,6 +26,10 @@ class AgentConfig:
     # a host that is itself a VM (nested KVM may refuse e.g. arch-capabilities).
     guest_cpu_mode: str = "host-passthrough"
     guest_cpu_disable: tuple[str, ...] = ()
+    # KUMO_GUEST_ACCEL: auto (default), kvm or tcg: how guests on qemu:///system run, KVM or
+    # QEMU's emulation; auto picks TCG where KVM cannot boot a stock kernel
+    # (compute.drivers.accel). The resolved choice is reported with the inventory.
+    guest_accel: str = "auto"
     # The network side. KUMO_NETWORK_VTEP: this host's underlay address, the VXLAN tunnel
     # end point; empty, the agent does no tenant networking and says so. KUMO_NETWORK_NETNS:
     # the network namespace it converges (empty: the host's own; simulated hosts get one
@@ -42,6 +46,13 @@ class AgentConfig:
     network_external_bridge: str = ""
     network_trunk_device: str = ""
     network_report_s: float = 30.0
+    # KUMO_AGENT_APPLIED_DIR: the agent's record of the last generation applied to each guest,
+    # removals included (``compute.drivers.applied``); default: beside the instances folder.
+    applied_dir: Path | None = None
+    # KUMO_IMAGE_CACHE_DIR: where this host keeps the images its guests' root disks are
+    # overlays on, one file per checksum (default: <var>/image-cache/<host>). Fetched on
+    # first use, verified before every use (compute.drivers.imagecache).
+    image_cache_dir: Path | None = None
 
     @property
     def transport_options(self) -> dict:
@@ -63,6 +74,7 @@ class AgentConfig:
             "guest_cpu_disable": tuple(
                 f.strip() for f in env.get("KUMO_GUEST_CPU_DISABLE", "").split(",") if f.strip()
             ),
+            "guest_accel": env.get("KUMO_GUEST_ACCEL", "auto"),
             "network_vtep": env.get("KUMO_NETWORK_VTEP", ""),
             "network_netns": env.get("KUMO_NETWORK_NETNS", ""),
             "network_underlay_device": env.get("KUMO_NETWORK_UNDERLAY_DEVICE", ""),
@@ -76,5 +88,17 @@ class AgentConfig:
         values.setdefault(
             "instances_dir",
             Path(env.get("KUMO_INSTANCES_DIR") or values["var_dir"] / "instances" / values["host"]),
+        )
+        if env.get("KUMO_AGENT_APPLIED_DIR"):
+            values.setdefault("applied_dir", Path(env["KUMO_AGENT_APPLIED_DIR"]))
+        if values.get("applied_dir") is None:
+            instances = Path(values["instances_dir"])
+            values["applied_dir"] = instances.with_name(instances.name + ".applied")
+        values.setdefault(
+            "image_cache_dir",
+            Path(
+                env.get("KUMO_IMAGE_CACHE_DIR")
+                or values["var_dir"] / "image-cache" / values["host"]
+            ),
         )
         return cls(**values)

@@ -10,15 +10,25 @@ from controlplane.broker import AGENT_REPORT_TASK, CONTROL_QUEUE
 log = logging.getLogger(__name__)
 
 
-def send(host: str, kind: str, payload: dict) -> None:
-    """Send one report; raises if the broker cannot take it (callers decide to retry)."""
+def now() -> datetime:
+    """The agent's clock, as reports are stamped with it (UTC)."""
+    return datetime.now(UTC)
+
+
+def send(host: str, kind: str, payload: dict, *, taken_at: datetime | None = None) -> None:
+    """Send one report; raises if the broker cannot take it (callers decide to retry).
+
+    The report is stamped (``sent_at`` on the wire) with ``taken_at``, when what it says
+    was observed (default: now). The controller ignores what is older than the last change
+    of the object it concerns, so a report that waited in the broker's backlog never undoes
+    or repeats newer work (``compute.services.reconcile.guests_reported``)."""
     current_app.send_task(
         AGENT_REPORT_TASK,
         kwargs={
             "host": host,
             "kind": kind,
             "payload": payload,
-            "sent_at": datetime.now(UTC).isoformat(),
+            "sent_at": (taken_at or now()).isoformat(),
         },
         queue=CONTROL_QUEUE,
     )

@@ -6,10 +6,12 @@ field name to its reasons (``non_field_errors`` for the request as a whole).
 """
 
 import logging
+import sys
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.db import InterfaceError, OperationalError, connections
+from django.http import Http404, HttpResponse, JsonResponse
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -50,8 +52,50 @@ def _codes(details):
     return str(details)
 
 
+# How long a client should wait before retrying a request the database could not serve.
+DATABASE_RETRY_AFTER_S = 5
+# PostgreSQL's "connection exception" class and the shutdown/termination of a backend
+# (``pg_terminate_backend`` answers 57P01).
+_LOST_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def database_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the database connection failing (cut, terminated, refused), not a
+    bug: nothing of the request was committed, and the same request may be sent again
+    (with the same Idempotency-Key for a create)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+    if sqlstate.startswith(_LOST_SQLSTATES):
+        return True
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is not None and getattr(raw, "closed", False):
+            return True
+    return False
+
+
+def _unavailable_body() -> dict:
+    return error_body(
+        503,
+        "database_unavailable",
+        "The service lost its database connection; nothing was changed. Try again shortly.",
+    )
+
+
 def exception_handler(exc, context):
-    """DRF's exception handler, in Kumo's format, and a failed write is audited."""
+    """DRF's exception handler, in Kumo's format, and a failed write is audited. A lost
+    database connection is a 503 with ``Retry-After`` (and nothing to audit it with)."""
+    if database_unavailable(exc):
+        log.warning("database unavailable: %s", exc)
+        set_rollback()
+        return Response(
+            _unavailable_body(),
+            status=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)},
+        )
     if isinstance(exc, KumoError):
         body = error_body(exc.status, exc.code, exc.message, exc.details)
     elif isinstance(exc, DjangoValidationError):
@@ -149,8 +193,41 @@ def json_404(request, exception=None):
 
 
 def json_500(request):
+    """Django's answer to an uncaught exception (in a view or a middleware, e.g. the session
+    or the login lookup): a lost database connection is a 503 with ``Retry-After``, for the
+    portal as for the API; anything else is a 500."""
+    if database_unavailable(sys.exc_info()[1]):
+        headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+        if request.path.startswith("/api/"):
+            return JsonResponse(_unavailable_body(), status=503, headers=headers)
+        return HttpResponse(
+            "Kumo lost its database connection; nothing was changed. Try again shortly.",
+            status=503,
+            content_type="text/plain",
+            headers=headers,
+        )
     if request.path.startswith("/api/"):
         return JsonResponse(error_body(500, "server_error", "Internal error."), status=500)
     from django.views.defaults import server_error
 
     return server_error(request)
+
+
+class RefuseTraceMiddleware:
+    """TRACE (and CONNECT) are served nowhere in Kumo: 405 for every path, before any
+    routing, authentication or project lookup could answer something else (a 404 for an
+    unknown project, a 200 from a plain Django view). TRACE would echo the request,
+    credentials included, to whoever can make a browser send it."""
+
+    REFUSED = ("TRACE", "CONNECT")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.method.upper() not in self.REFUSED:
+            return self.get_response(request)
+        body = error_body(405, "method_not_allowed", f"Method {request.method} not allowed.")
+        response = JsonResponse(body, status=405)
+        response["Allow"] = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"
+        return response

@@ -2,6 +2,8 @@
 
 - ``CharField``: DRF turns a JSON number given for a text field into its digits; the schema
   says string, and a number where a name goes is a client's mistake, answered 400.
+- ``BooleanField``: DRF also takes ``0``, ``1``, ``"yes"``, ``"off"`` and more as booleans;
+  the schema says boolean, and only JSON ``true`` and ``false`` are (400 otherwise).
 - ``SlugRelatedField``: DRF's CharField refuses NUL characters, its SlugRelatedField looks them
   up, and PostgreSQL fails on them (a 500).
 """
@@ -15,6 +17,15 @@ class CharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class BooleanField(serializers.BooleanField):
+    default_error_messages = {"invalid": "Must be true or false."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        self.fail("invalid")
 
 
 class SlugRelatedField(serializers.SlugRelatedField):
@@ -37,4 +48,5 @@ class ModelSerializer(serializers.ModelSerializer):
         **serializers.ModelSerializer.serializer_field_mapping,
         models.CharField: CharField,
         models.TextField: CharField,
+        models.BooleanField: BooleanField,
     }

@@ -32,7 +32,47 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     "instead of doing the work twice; the same key on another request answers 422.",
 )
 
+# Every 202 (accepted: the work goes on) names where to follow it.
+LOCATION_HEADER = OpenApiParameter(
+    "Location",
+    str,
+    OpenApiParameter.HEADER,
+    response=[202],
+    description="The URL of what was accepted: the object being made (a VM create) or the "
+    "operation to follow (other actions).",
+)
+
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+# Text in a JSON list never holds a NUL character (PostgreSQL text cannot; the server
+# refuses it): said in the schema of every list of plain strings (postprocess_no_nul).
+NO_NUL = "^[^\\u0000]*$"
+
+
+def postprocess_no_nul(result, generator, request, public):
+    """Items of request lists that are plain strings get ``pattern: NO_NUL``."""
+
+    def visit(node):
+        if isinstance(node, dict):
+            items = node.get("items")
+            if (
+                node.get("type") == "array"
+                and isinstance(items, dict)
+                and items.get("type") == "string"
+                and not ({"pattern", "enum", "format"} & items.keys())
+            ):
+                items["pattern"] = NO_NUL
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request"):
+            visit(component)
+    return result
+
 
 ERRORS = {
     400: "Malformed input; ``details`` names the fields.",
@@ -51,7 +91,14 @@ class KumoAutoSchema(AutoSchema):
             params.append(PROJECT_SLUG)
         if self.method == "POST" and self._authenticated():
             params.append(IDEMPOTENCY_KEY)
+        if self.method == "POST" and self._accepted():
+            params.append(LOCATION_HEADER)
         return params
+
+    def _accepted(self) -> bool:
+        """Whether the operation answers 202 (its ``extend_schema`` responses say so)."""
+        responses = self.get_response_serializers()
+        return isinstance(responses, dict) and any(str(code) == "202" for code in responses)
 
     def _authenticated(self) -> bool:
         return {} not in self.get_auth()

@@ -9,6 +9,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
+from compute.api.imagefiles import image_file
 from compute.api.metadata import SpotAcknowledgeView, SpotInstanceActionView
 from compute.api.views import (
     OperatorCapacityGuaranteeViewSet,
@@ -54,6 +55,12 @@ from storage.api.views import (
     VolumeViewSet,
 )
 from tenants.api import billing as billing_api
+from tenants.api.access import (
+    ApplicationViewSet,
+    InvitationAcceptView,
+    InvitationViewSet,
+    OperatorUserViewSet,
+)
 from tenants.api.views import (
     ApiTokenViewSet,
     LoginView,
@@ -73,10 +80,12 @@ user_router.register("projects", ProjectViewSet, basename="project")
 user_router.register("user/ssh-keys", SSHKeyViewSet, basename="sshkey")
 user_router.register("user/tokens", ApiTokenViewSet, basename="token")
 user_router.register("templates", TemplateViewSet, basename="template")
+user_router.register("applications", ApplicationViewSet, basename="application")
 
 project_router = SimpleRouter()
 project_router.register(f"{PROJECT}/members", MemberViewSet, basename="project-member")
 project_router.register(f"{PROJECT}/quota", QuotaViewSet, basename="project-quota")
+project_router.register(f"{PROJECT}/invitations", InvitationViewSet, basename="project-invitation")
 project_router.register(
     f"{PROJECT}/audit-events", ProjectAuditEventViewSet, basename="project-auditevent"
 )
@@ -111,6 +120,7 @@ for prefix, viewset, basename in [
 
 admin_router = SimpleRouter()
 admin_router.register("admin/projects", OperatorProjectViewSet, basename="admin-project")
+admin_router.register("admin/users", OperatorUserViewSet, basename="admin-user")
 admin_router.register("admin/audit-events", OperatorAuditEventViewSet, basename="admin-auditevent")
 admin_router.register("admin/operations", OperatorOperationViewSet, basename="admin-operation")
 admin_router.register("admin/hosts", OperatorHostViewSet, basename="admin-host")
@@ -156,6 +166,7 @@ urlpatterns = [
     path("auth/login/", LoginView.as_view(), name="login"),
     path("auth/logout/", LogoutView.as_view(), name="logout"),
     path("user/", MeView.as_view(), name="me"),
+    path("invitations/accept/", InvitationAcceptView.as_view(), name="invitation-accept"),
     path(
         "metadata/spot/instance-action",
         SpotInstanceActionView.as_view(),
@@ -166,6 +177,7 @@ urlpatterns = [
         SpotAcknowledgeView.as_view(),
         name="metadata-spot-acknowledge",
     ),
+    path("image-files/<str:token>", image_file, name="image-file"),
     path("", include(project_router.urls)),
     path("", include(admin_router.urls)),
     path("", include(user_router.urls)),

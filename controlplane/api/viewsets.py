@@ -16,12 +16,13 @@ from rest_framework.response import Response
 
 from controlplane import audit
 from controlplane.api import idempotency
+from controlplane.api.fastread import ReadPathMixin
 from controlplane.errors import NotFound, PermissionDenied
 from tenants.choices import Role
 from tenants.selectors import membership_for, token_project_id
 
 
-class KumoViewMixin:
+class KumoViewMixin(ReadPathMixin):
     #: names the object type in audit events of refused writes, e.g. "tenants.membership"
     audit_object_type = ""
 

@@ -95,6 +95,7 @@ def price_per_hour(template: Template, priority: str, card: RateCard | None) -> 
         memory_mib=template.memory_gib * 1024,
         gpus=template.gpus,
         gpu_model=template.gpu_model,
+        disk_gib=template.disk_gib,
     )
     seconds = {
         (resource, model, billed_priority, card.pk): quantity * 3600

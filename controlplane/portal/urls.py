@@ -6,7 +6,20 @@ A project's pages live under ``/p/<slug>/``; the caller's own keys and tokens un
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from controlplane.portal.views import audit, billing, fleet, network, people, projects, storage, vms
+from controlplane.portal.views import (
+    applications,
+    audit,
+    auth,
+    billing,
+    fleet,
+    images,
+    network,
+    people,
+    projects,
+    storage,
+    vms,
+)
+from tenants.federation import saml
 
 app_name = "portal"
 
@@ -19,13 +32,15 @@ project_urls = [
     path("vms/new/", vms.vm_create, name="vm-create"),
     path("vms/<uuid:pk>/", vms.vm_detail, name="vm-detail"),
     path("vms/<uuid:pk>/state/", vms.vm_state, name="vm-state"),
+    path("vms/<uuid:pk>/console-log/", vms.vm_console_log, name="vm-console-log"),
     re_path(
-        rf"^vms/(?P<pk>{UUID})/(?P<action>start|stop|reboot|delete)/$",
+        rf"^vms/(?P<pk>{UUID})/(?P<action>start|stop|reboot|reset|power_off|delete)/$",
         vms.vm_action,
         name="vm-action",
     ),
     path("networks/", network.networks, name="networks"),
     path("networks/<uuid:pk>/delete/", network.network_delete, name="network-delete"),
+    path("subnets/<int:pk>/dns/", network.subnet_dns, name="subnet-dns"),
     path("security-groups/", network.security_groups, name="security-groups"),
     path("security-groups/<int:pk>/", network.security_group_detail, name="security-group"),
     path(
@@ -37,6 +52,8 @@ project_urls = [
     path("global-ips/", network.global_ips, name="global-ips"),
     path("global-ips/<int:pk>/release/", network.global_ip_release, name="global-ip-release"),
     path("port-forwards/<int:pk>/delete/", network.port_forward_delete, name="port-forward-delete"),
+    path("images/", images.images, name="images"),
+    path("images/<int:pk>/delete/", images.image_delete, name="image-delete"),
     path("storage/", storage.storage, name="storage"),
     path("volumes/<uuid:pk>/delete/", storage.volume_delete, name="volume-delete"),
     path("buckets/<int:pk>/delete/", storage.bucket_delete, name="bucket-delete"),
@@ -50,7 +67,17 @@ project_urls = [
 ]
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="portal/login.html"), name="login"),
+    path("login/", auth.LoginView.as_view(), name="login"),
+    path("login/institution/", saml.discovery, name="discovery"),
+    path("login/verify/", auth.login_verify, name="login-verify"),
+    path("account/", auth.account, name="account"),
+    path("invitations/<str:secret>/", auth.invitation, name="invitation"),
+    path("applications/", applications.application_list, name="applications"),
+    path(
+        "applications/<int:pk>/review/", applications.application_review, name="application-review"
+    ),
+    path("applications/<int:pk>/amend/", applications.application_amend, name="application-amend"),
+    path("account/second-factor/", auth.totp_setup, name="totp-setup"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", projects.home, name="home"),
     path("switch/", projects.switch, name="switch"),

@@ -48,20 +48,20 @@ class NetworkCreateSerializer(serializers.Serializer):
     name = fields.CharField(validators=[hostname_validator], **NAME)
     description = fields.CharField(max_length=200, required=False, default="", allow_blank=True)
     kind = serializers.ChoiceField(choices=NetworkKind.choices, default=NetworkKind.OVERLAY)
-    external_access = serializers.BooleanField(
+    external_access = fields.BooleanField(
         default=False, help_text="the project router joins it and source-NATs to the outside"
     )
     cidr = fields.CharField(
         max_length=18, required=False, default="", allow_blank=True, help_text="a first subnet"
     )
     rdma_dscp = serializers.IntegerField(min_value=0, max_value=63, required=False)
-    rdma_ecn = serializers.BooleanField(required=False)
+    rdma_ecn = fields.BooleanField(required=False)
     rdma_pfc_priority = serializers.IntegerField(min_value=0, max_value=7, required=False)
 
 
 class NetworkUpdateSerializer(serializers.Serializer):
     description = fields.CharField(max_length=200, required=False, allow_blank=True)
-    external_access = serializers.BooleanField(required=False)
+    external_access = fields.BooleanField(required=False)
 
 
 class SubnetSerializer(serializers.ModelSerializer):
@@ -94,6 +94,14 @@ class SubnetCreateSerializer(serializers.Serializer):
     pool_end = serializers.IPAddressField(protocol="IPv4", required=False)
     dns_servers = serializers.ListField(
         child=serializers.IPAddressField(protocol="IPv4"), required=False, max_length=4
+    )
+
+
+class SubnetUpdateSerializer(serializers.Serializer):
+    dns_servers = serializers.ListField(
+        child=serializers.IPAddressField(protocol="IPv4"),
+        max_length=4,
+        help_text="the servers its guests are told; [] for the network's own resolver",
     )
 
 
@@ -143,11 +151,11 @@ class PortSerializer(serializers.ModelSerializer):
 class PortCreateSerializer(serializers.Serializer):
     network = fields.CharField(help_text="the network's name", **NAME)
     name = fields.CharField(required=False, default="", allow_blank=True, **NAME)
-    fixed_ip = serializers.IPAddressField(protocol="IPv4", required=False, default="")
+    fixed_ip = serializers.IPAddressField(protocol="IPv4", required=False)
     security_groups = serializers.ListField(
         child=fields.CharField(**NAME), required=False, max_length=16
     )
-    port_security = serializers.BooleanField(default=True)
+    port_security = fields.BooleanField(default=True)
 
 
 class PortUpdateSerializer(serializers.Serializer):
@@ -155,7 +163,7 @@ class PortUpdateSerializer(serializers.Serializer):
     security_groups = serializers.ListField(
         child=fields.CharField(**NAME), required=False, max_length=16
     )
-    port_security = serializers.BooleanField(required=False)
+    port_security = fields.BooleanField(required=False)
 
 
 class RuleSerializer(serializers.ModelSerializer):
@@ -197,11 +205,8 @@ class SecurityGroupSerializer(serializers.ModelSerializer):
         model = SecurityGroup
         fields = ["id", "name", "description", "rules", "created_at"]
         read_only_fields = ["id", "rules", "created_at"]
-        extra_kwargs = {"name": {"validators": []}}
-
-    def validate_name(self, value):
-        hostname_validator(value)
-        return value
+        # the name's rule is in the schema (pattern); a taken name is the service's 409
+        extra_kwargs = {"name": {"validators": [hostname_validator]}}
 
 
 class GlobalIpSerializer(serializers.ModelSerializer):
@@ -279,7 +284,7 @@ class ExternalConnectionCreateSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=ConnectionKind.choices)
     network = fields.CharField(required=False, help_text="L2VPN: the network's name", **NAME)
     vlan_id = serializers.IntegerField(min_value=1, max_value=4094, required=False)
-    destination_cidr = fields.CharField(max_length=18, required=False, default="")
+    destination_cidr = fields.CharField(max_length=18, required=False)
     next_hop = serializers.IPAddressField(protocol="IPv4", required=False)
     remote = fields.CharField(max_length=200, required=False, default="", allow_blank=True)
 
@@ -302,7 +307,7 @@ class GlobalIpPoolSerializer(serializers.ModelSerializer):
 
 class HostNetworkSerializer(serializers.ModelSerializer):
     host = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    converged = serializers.BooleanField(read_only=True)
+    converged = fields.BooleanField(read_only=True)
 
     class Meta:
         model = HostNetwork

@@ -88,13 +88,16 @@ class NetworkViewSet(mixins.UpdateModelMixin, _Crud):
         services.network_delete(network=instance)
 
 
-class SubnetViewSet(_Crud):
-    """Subnets of the project's networks; two subnets of one network never overlap (400)."""
+class SubnetViewSet(mixins.UpdateModelMixin, _Crud):
+    """Subnets of the project's networks; two subnets of one network never overlap (400).
+    A subnet's guests are told the network's own resolver unless ``dns_servers`` is set
+    (PATCH)."""
 
     model = Subnet
     serializer_class = s.SubnetSerializer
     ordering_fields = ["cidr", "created_at"]
     audit_object_type = "network.subnet"
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         return super().get_queryset().select_related("network")
@@ -105,6 +108,14 @@ class SubnetViewSet(_Crud):
         v["network"] = _named(Network, self.project, "network", v["network"])
         subnet = services.subnet_create(**v)
         return self._answer(subnet)
+
+    @extend_schema(request=s.SubnetUpdateSerializer, responses={200: s.SubnetSerializer})
+    def partial_update(self, request, project_slug=None, pk=None):
+        v = self._input(s.SubnetUpdateSerializer)
+        if "dns_servers" not in v:
+            raise InvalidInput.field("dns_servers", "this field is required")
+        subnet = services.subnet_update(subnet=self.get_object(), dns_servers=v["dns_servers"])
+        return self._answer(subnet, status=200)
 
     def perform_destroy(self, instance):
         services.subnet_delete(subnet=instance)

@@ -17,7 +17,14 @@ it made after a restart without remembering anything:
 - ``ri-<vni>``: the host side of a router's leg on a network's bridge (gateway host);
 - ``re-<router id>``: the host side of a router's leg on the external bridge (gateway host);
 - ``kumo-r-<router id>``: a router's network namespace (first 12 characters of the id);
-  inside it, ``qr-<vni>`` faces each network and ``qg-0`` the external network.
+  inside it, ``qr-<vni>`` faces each network and ``qg-0`` the external network;
+- ``di-<vni>``: the host side of a network's own DNS namespace's leg (gateway host);
+- ``kumo-d-<network id>``: the DNS namespace of a network whose project has no router
+  (first 12 characters of the id); inside it, ``qd-<vni>`` holds the subnets' gateways.
+
+Every project network with a gateway has a resolver (``DnsService``): dnsmasq answering at
+the subnets' gateway addresses, in the project's router namespace when it has one, else in
+the network's own DNS namespace (``network.drivers.dns``).
 
 Devices and namespaces with those prefixes are Kumo's: a resync removes the ones no desired
 object names. Every other device on the host is left alone.
@@ -39,7 +46,9 @@ MAX_VNI = 2**24 - 1
 IFNAMSIZ = 15
 VXLAN_PREFIX, BRIDGE_PREFIX, PORT_PREFIX = "vx-", "br-", "tp-"
 VLAN_PREFIX, ROUTER_LEG_PREFIX, ROUTER_EXT_PREFIX = "vl-", "ri-", "re-"
+DNS_LEG_PREFIX = "di-"
 KUMO_PREFIXES = (
+    DNS_LEG_PREFIX,
     VXLAN_PREFIX,
     BRIDGE_PREFIX,
     PORT_PREFIX,
@@ -48,6 +57,8 @@ KUMO_PREFIXES = (
     ROUTER_EXT_PREFIX,
 )
 ROUTER_NETNS_PREFIX = "kumo-r-"
+DNS_NETNS_PREFIX = "kumo-d-"
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 PROTOCOLS = ("any", "tcp", "udp", "icmp")
 _PORT_ID_RE = re.compile(r"^[A-Za-z0-9]{1,64}$")
 _MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
@@ -87,6 +98,13 @@ def router_netns(router_id: str) -> str:
     if not _PORT_ID_RE.match(router_id):
         raise ValueError(f"invalid router id {router_id!r}: want 1-64 letters and digits")
     return ROUTER_NETNS_PREFIX + router_id[:12]
+
+
+def dns_netns(network_id: str) -> str:
+    """``kumo-d-`` and the first 12 characters of the network id."""
+    if not _PORT_ID_RE.match(network_id):
+        raise ValueError(f"invalid network id {network_id!r}: want 1-64 letters and digits")
+    return DNS_NETNS_PREFIX + network_id[:12]
 
 
 @dataclass(frozen=True)
@@ -274,6 +292,54 @@ class Router:
 
 
 @dataclass(frozen=True)
+class DnsService:
+    """The resolver of one project network: dnsmasq listening on ``addresses`` (the
+    subnets' gateways, with prefix length), answering ``hosts`` ((address, name): the
+    project's VMs, each name as ``<name>.<domain>`` and bare) with authority for
+    ``domain`` and every other name under its parent (another project's zone answers
+    NXDOMAIN), and forwarding everything else to ``upstreams`` (empty: the nameservers of
+    the host's own ``/etc/resolv.conf``).
+
+    With ``router_id`` it runs in that router's namespace, whose legs already hold the
+    addresses; otherwise in the network's own namespace (``dns_netns``), on a leg with
+    ``mac`` on the network's bridge, which reaches nothing outside the network.
+    """
+
+    network_id: str
+    vni: int
+    domain: str
+    addresses: tuple[str, ...]
+    router_id: str = ""
+    mac: str = ""
+    hosts: tuple[tuple[str, str], ...] = ()
+    upstreams: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        dns_netns(self.network_id)
+        if self.router_id:
+            router_netns(self.router_id)
+        elif not _MAC_RE.match(self.mac):
+            raise ValueError(f"invalid MAC {self.mac!r}: want lower-case aa:bb:cc:dd:ee:ff")
+        if not self.addresses:
+            raise ValueError("a DNS service needs an address to answer on")
+        for address in self.addresses:
+            ipaddress.IPv4Interface(address)
+        for label in self.domain.split("."):
+            if not _NAME_RE.match(label):
+                raise ValueError(f"invalid domain {self.domain!r}")
+        for address, name in self.hosts:
+            ipaddress.IPv4Address(address)
+            if not _NAME_RE.match(name):
+                raise ValueError(f"invalid host name {name!r}")
+        for server in self.upstreams:
+            ipaddress.IPv4Address(server)
+
+    @property
+    def netns(self) -> str:
+        return router_netns(self.router_id) if self.router_id else dns_netns(self.network_id)
+
+
+@dataclass(frozen=True)
 class HostNetworks:
     """Everything Kumo wants of one host's tenant networking.
 
@@ -288,6 +354,7 @@ class HostNetworks:
     routers: tuple[Router, ...] = ()
     external_bridge: str = ""
     trunk_device: str = ""
+    dns: tuple[DnsService, ...] = ()
 
     def __post_init__(self) -> None:
         vnis = [n.vni for n in self.networks]
@@ -296,7 +363,7 @@ class HostNetworks:
         names = [p.name for p in self.ports]
         if len(set(names)) != len(names):
             raise ValueError("two ports map to one device name")
-        legs = {i.vni for r in self.routers for i in r.interfaces}
+        legs = {i.vni for r in self.routers for i in r.interfaces} | {d.vni for d in self.dns}
         missing = ({p.vni for p in self.ports if p.kind != "vf"} | legs) - set(vnis)
         if missing:
             raise ValueError(f"ports on networks not on this host: VNI {sorted(missing)}")
@@ -304,6 +371,10 @@ class HostNetworks:
             raise ValueError("routers with an external side need the external bridge")
         if any(n.l2vpn_vlan for n in self.networks) and not self.trunk_device:
             raise ValueError("an L2VPN VLAN needs the trunk device")
+        routers = {r.router_id for r in self.routers}
+        for service in self.dns:
+            if service.router_id and service.router_id not in routers:
+                raise ValueError(f"DNS of VNI {service.vni} is in a router not on this host")
 
 
 @dataclass

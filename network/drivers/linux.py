@@ -6,7 +6,8 @@ bridge: its MAC, VLAN and trust are set on its physical function.
 ``LinuxNetworkDriver.resync(desired)`` reads the host once (one link dump, one FDB dump),
 then writes only what differs, in an order that never leaves a port on the wrong network:
 bridges, VXLAN and VLAN devices first, then ports, then FDB entries, then the ports'
-security groups (``firewall``) and the projects' routers (``routers``), then the removal of
+security groups (``firewall``), the projects' routers (``routers``) and the networks'
+resolvers (``dns``; stale ones go before the routers converge), then the removal of
 Kumo devices nothing names any more. A device of the right name but the wrong kind, VNI or
 VLAN id is replaced. A VF port on a missing physical function, or past its VFs, fails the
 resync before any write. Every netlink write goes through ``network.drivers.netlink``.
@@ -15,6 +16,8 @@ resync before any write. Every netlink write goes through ``network.drivers.netl
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
 from network.drivers.base import (
     KUMO_PREFIXES,
@@ -29,6 +32,7 @@ from network.drivers.base import (
     bridge_name,
     vxlan_name,
 )
+from network.drivers.dns import DnsServices, dns_devices
 from network.drivers.firewall import sync_firewall
 from network.drivers.netlink import Link, Netlink, Vf
 from network.drivers.nft import Nftables
@@ -38,14 +42,20 @@ log = logging.getLogger(__name__)
 
 
 class LinuxNetworkDriver:
-    """One host's tenant networking, in the namespace ``netns`` (the host's own if empty)."""
+    """One host's tenant networking, in the namespace ``netns`` (the host's own if empty).
+    ``dns_dir`` holds the networks' resolvers' files (default: a folder per namespace
+    under the temporary directory; the agent gives its own)."""
 
-    def __init__(self, netns: str = "") -> None:
+    def __init__(self, netns: str = "", *, dns_dir: Path | str | None = None) -> None:
         self.nl = Netlink(netns)
         self.nft = Nftables(netns)
         self.routers = Routers(self.nl)
+        if dns_dir is None:
+            dns_dir = Path(tempfile.gettempdir()) / "kumo-dns" / (netns or "host")
+        self.dns = DnsServices(self.nl, Path(dns_dir))
 
     def close(self) -> None:
+        self.dns.close()
         self.routers.close()
         self.nft.close()
         self.nl.close()
@@ -79,7 +89,11 @@ class LinuxNetworkDriver:
             self._ensure_master(links, port.name, bridge_name(port.vni))
         self._sync_fdb(links, desired.networks)
         self._sync_firewall(desired, result)
+        dns_writes = self.dns.writes
+        self.dns.remove_stale(desired, result)
         self._sync_routers(links, desired, result)
+        self.dns.sync(links, desired, result)
+        result.writes += self.dns.writes - dns_writes
         self._remove_stale(links, desired, result)
         result.writes += self.nl.writes - start
         if result.writes:
@@ -240,6 +254,7 @@ class LinuxNetworkDriver:
 
     def _remove_stale(self, links, desired: HostNetworks, result) -> None:
         wanted = {p.name for p in desired.ports if p.kind != "vf"} | router_devices(desired)
+        wanted |= dns_devices(desired)
         for net in desired.networks:
             wanted |= {vxlan_name(net.vni), bridge_name(net.vni)}
             if net.l2vpn_vlan:

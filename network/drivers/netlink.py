@@ -452,6 +452,18 @@ class Netlink:
         what = f"set {pf.name} vf {vf} mac {mac} vlan {vlan} trust on"
         self._send(what, RTM_NEWLINK, 0, body)
 
+    def move_to_netns(self, index: int, name: str, netns: str) -> None:
+        """Move device ``name`` into named namespace ``netns`` (``ip link set … netns``). A
+        tap keeps its queue and the file descriptors open on it (a QEMU that holds it keeps
+        working); it arrives down and off any bridge."""
+        with _netns_fd(netns) as fd:
+            self._send(
+                f"move {name} to netns {netns}",
+                RTM_NEWLINK,
+                0,
+                _link_body(index, attrs=_u32(IFLA_NET_NS_FD, fd)),
+            )
+
     def delete_link(self, index: int, name: str) -> None:
         """Delete a device; one already gone (a veth's pair goes with its peer) is fine."""
         try:

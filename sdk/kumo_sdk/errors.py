@@ -21,6 +21,10 @@ class KumoError(Exception):
     """Base of everything the SDK raises."""
 
 
+class NotSupported(KumoError):
+    """The API offers no such verb for this resource (raised before any request)."""
+
+
 class ConnectionFailed(KumoError):
     """The server could not be reached, or the connection broke, on every try."""
 

@@ -11,6 +11,7 @@ without Django. The contract suites are ``tests/storage/test_*_contract.py``.
 from __future__ import annotations
 
 import abc
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -107,14 +108,18 @@ class ShareSpec:
     """A project's directory on a shared file system with a hard limit of ``quota_gib``.
 
     ``project_number`` is the numeric id the file system accounts the share under (a Lustre
-    project id); ``name`` the directory under the tier's root."""
+    project id); ``name`` the directory under the tier's root. ``clients``: the only
+    addresses that may reach it (its project's VMs on the storage path); empty, none may."""
 
     name: str
     project_number: int
     quota_gib: int
+    clients: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_name(self.name)
+        for client in self.clients:
+            ipaddress.ip_address(client)  # ValueError: only plain addresses reach a share
         if self.project_number < 1:
             raise ValueError("project_number must be positive")
         if self.quota_gib < 1:
@@ -133,7 +138,8 @@ class ShareDriver(abc.ABC):
 
     * ``ensure_share`` makes the share if missing and raises its limit to ``quota_gib``;
       it never lowers a limit (Kumo only ever extends a share) and keeps the data already
-      there. Returns its usage.
+      there; it lets exactly ``clients`` reach the share (an NFS export per share, a Lustre
+      nodemap per share), nobody when there are none. Returns its usage.
     * ``ensure_share_absent`` removes the share and its data; a missing share is success.
     * ``usage`` reads what the share holds now; StorageError when it does not exist.
     """

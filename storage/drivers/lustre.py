@@ -5,7 +5,16 @@ A share is the directory ``<root>/<name>`` tagged with Lustre project id
 made below it counts against that project; its hard block limit is set with
 ``lfs setquota -p ID -B <n>k ROOT`` and its usage read with ``lfs quota -p ID ROOT``.
 
-Every ``lfs`` call goes through ``run`` (argv in, stdout out; a non-zero exit raises
+Each share also has a Lustre nodemap, ``kumo-<project_number>``, whose NID ranges are
+exactly the share's clients (``<address>@<lnet>``, one range per address) and whose
+fileset is the share's directory: a client in it sees only that directory (mounted as the
+file system's root), with root squashed (``admin=0``) and its user ids trusted
+(``trusted=1``). Ranges are read back (``lctl get_param -n nodemap.<name>.ranges``) and
+only the difference is added or deleted, so a repeat changes nothing. The commands run
+where ``lctl`` reaches the MGS (``lctl`` may be e.g. a wrapper that runs it there); the
+operator keeps the ``default`` nodemap closed to unknown clients (docs/operator/shares.md).
+
+Every ``lfs`` and ``lctl`` call goes through ``run`` (argv in, stdout out; a non-zero exit raises
 ``StorageError``), so the commands and the parsing of their output are tested against
 recorded ``lfs`` output; this driver has not run against a real Lustre file system.
 """
@@ -56,13 +65,71 @@ def parse_quota(output: str, root: str) -> tuple[int, int]:
     raise StorageError(f"lfs quota printed no usage row for {root}: {output[:200]!r}")
 
 
-class LustreShareDriver(ShareDriver):
-    """Shares under ``root``, a Lustre client mount on the agent's host."""
+_RANGE = re.compile(r"start_nid:\s*([^,\s]+),\s*end_nid:\s*([^,\s}]+)")
 
-    def __init__(self, root: str, *, run: Runner = run_command, lfs: str = "lfs") -> None:
+
+def parse_ranges(output: str) -> set[str]:
+    """The single-NID ranges of ``lctl get_param -n nodemap.<name>.ranges`` output."""
+    return {start for start, end in _RANGE.findall(output) if start == end}
+
+
+class LustreShareDriver(ShareDriver):
+    """Shares under ``root``, a Lustre client mount on the agent's host (the file system's
+    root as ``fileset_prefix`` names it from the MGS's side: "" when ``root`` is the
+    mount of the file system's root)."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        run: Runner = run_command,
+        lfs: str = "lfs",
+        lctl: str = "lctl",
+        lnet: str = "tcp",
+        fileset_prefix: str = "",
+        nodemaps: bool = True,
+    ) -> None:
         self.root = root.rstrip("/") or "/"
         self.run = run
         self.lfs = lfs
+        self.lctl = lctl
+        self.lnet = lnet
+        self.fileset_prefix = fileset_prefix.rstrip("/")
+        self.nodemaps = nodemaps
+
+    @staticmethod
+    def nodemap(spec: ShareSpec) -> str:
+        return f"kumo-{spec.project_number}"
+
+    def ensure_nodemap(self, spec: ShareSpec) -> None:
+        """The share's nodemap holds exactly its clients' NIDs, and its fileset is the
+        share's directory."""
+        name = self.nodemap(spec)
+        try:
+            current = parse_ranges(
+                self.run([self.lctl, "get_param", "-n", f"nodemap.{name}.ranges"])
+            )
+        except StorageError:  # no such nodemap yet
+            self.run([self.lctl, "nodemap_add", name])
+            current = set()
+        for prop, value in (("admin", "0"), ("trusted", "1")):
+            self.run([self.lctl, "nodemap_modify", "--name", name, "--property", prop,
+                      "--value", value])  # fmt: skip
+        fileset = f"{self.fileset_prefix}/{spec.name}"
+        self.run([self.lctl, "nodemap_set_fileset", "--name", name, "--fileset", fileset])
+        wanted = {f"{address}@{self.lnet}" for address in spec.clients}
+        for nid in sorted(current - wanted):
+            self.run([self.lctl, "nodemap_del_range", "--name", name, "--range", nid])
+        for nid in sorted(wanted - current):
+            self.run([self.lctl, "nodemap_add_range", "--name", name, "--range", nid])
+
+    def ensure_nodemap_absent(self, spec: ShareSpec) -> None:
+        name = self.nodemap(spec)
+        try:
+            self.run([self.lctl, "get_param", "-n", f"nodemap.{name}.ranges"])
+        except StorageError:
+            return  # already gone
+        self.run([self.lctl, "nodemap_del", name])
 
     def _dir(self, spec: ShareSpec) -> Path:
         return Path(self.root) / spec.name
@@ -77,9 +144,13 @@ class LustreShareDriver(ShareDriver):
         self.run([self.lfs, "project", "-p", pid, "-s", "-r", str(path)])
         limit_kib = spec.quota_gib * GIB // 1024
         self.run([self.lfs, "setquota", "-p", pid, "-b", "0", "-B", f"{limit_kib}k", self.root])
+        if self.nodemaps:
+            self.ensure_nodemap(spec)
         return self.usage(spec)
 
     def ensure_share_absent(self, spec: ShareSpec) -> None:
+        if self.nodemaps:
+            self.ensure_nodemap_absent(spec)  # no client reaches it while it is removed
         path = self._dir(spec)
         if path.exists():
             try:

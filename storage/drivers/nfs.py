@@ -4,21 +4,40 @@ NFS. The size of the file system is the hard limit, so the quota holds whatever 
 clients do; growing a share grows the image and ``resize2fs`` grows the mounted file
 system (online where the kernel allows it, else unmounted for a moment).
 
-The export is a line per share in ``exports_file`` (an ``/etc/exports.d`` file) followed
-by ``exportfs -ra``; with ``export=False`` (a kernel without an NFS server, as on the
-development machine) the line is written and ``exportfs`` is not run. Commands go
-through ``run`` like the Lustre driver's.
+Each share has its own export, to exactly ``ShareSpec.clients`` (its project's VMs on the
+storage path); a share with no clients is not exported at all, so no other project's VM,
+and no address that is not a VM of the project, can mount it. ``exports_file`` holds one
+entry per share, headed ``# kumo:<name>``; it is rewritten whole (atomically) when an entry
+changes, and the server told to read it again:
+
+* ``server="kernel"``: the file is an ``/etc/exports.d`` file, one line per share
+  (``<dir> <addr>(opts) <addr>(opts)``), then ``exportfs -ra``; with ``export=False`` (a
+  kernel without an NFS server, as on the development machine) ``exportfs`` is not run.
+* ``server="ganesha"``: the file holds one ganesha ``EXPORT`` block per share (included from
+  ganesha's configuration), whose ``CLIENT`` block lists the addresses (everyone else:
+  ``Access_Type = None``), then ``SIGHUP`` to the ganesha named by ``ganesha_pidfile``,
+  which makes it read its exports again (adds, changes and removes; no DBus needed).
+
+Commands go through ``run`` like the Lustre driver's.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from storage.drivers.base import GIB, ShareDriver, ShareSpec, ShareUsage, StorageError
 from storage.drivers.lustre import Runner, run_command
 
 EXPORT_OPTIONS = "rw,sync,no_subtree_check,root_squash"
+_HEAD = "# kumo:"
+
+
+def ganesha_export_id(spec: ShareSpec) -> int:
+    """Ganesha's export ids are 16 bits (0 is its pseudo root): the share's project
+    number folded into 2..65535, stable for the share's life."""
+    return spec.project_number % 65534 + 2
 
 
 class NfsShareDriver(ShareDriver):
@@ -27,14 +46,18 @@ class NfsShareDriver(ShareDriver):
         root: str,
         *,
         exports_file: str,
-        clients: str = "*",
+        server: str = "kernel",
         export: bool = True,
+        ganesha_pidfile: str = "",
         run: Runner = run_command,
     ) -> None:
+        if server not in ("kernel", "ganesha"):
+            raise ValueError(f"NFS server {server!r}: want kernel or ganesha")
         self.root = Path(root)
         self.exports_file = Path(exports_file)
-        self.clients = clients
+        self.server = server
         self.export = export
+        self.ganesha_pidfile = Path(ganesha_pidfile) if ganesha_pidfile else None
         self.run = run
 
     def image(self, spec: ShareSpec) -> Path:
@@ -43,24 +66,73 @@ class NfsShareDriver(ShareDriver):
     def mountpoint(self, spec: ShareSpec) -> Path:
         return self.root / "exports" / spec.name
 
-    def export_line(self, spec: ShareSpec) -> str:
-        return (
-            f"{self.mountpoint(spec)} {self.clients}({EXPORT_OPTIONS},fsid={spec.project_number})"
+    def export_entry(self, spec: ShareSpec) -> str:
+        """The share's entry in ``exports_file`` ("" when it has no clients: no export)."""
+        clients = sorted(set(spec.clients))
+        if not clients:
+            return ""
+        mountpoint = self.mountpoint(spec)
+        if self.server == "kernel":
+            options = f"({EXPORT_OPTIONS},fsid={spec.project_number})"
+            return f"{mountpoint} " + " ".join(f"{c}{options}" for c in clients)
+        return "\n".join(
+            [
+                "EXPORT {",
+                f"    Export_Id = {ganesha_export_id(spec)};",
+                f'    Path = "{mountpoint}";',
+                f'    Pseudo = "/kumo/{spec.name}";',
+                "    Protocols = 3, 4;",
+                "    Transports = TCP;",
+                "    SecType = sys;",
+                "    Squash = Root_Squash;",
+                "    Access_Type = None;",
+                "    FSAL { Name = VFS; }",
+                f"    CLIENT {{ Clients = {', '.join(clients)}; Access_Type = RW; }}",
+                "}",
+            ]
         )
 
-    def _write_exports(self, add: str = "", remove: str = "") -> None:
-        lines = self.exports_file.read_text().splitlines() if self.exports_file.exists() else []
-        wanted = [line for line in lines if line and not line.startswith(remove or "\0")]
-        if add and add not in wanted:
-            wanted.append(add)
-        if wanted == lines:
+    def _entries(self) -> dict[str, str]:
+        if not self.exports_file.exists():
+            return {}
+        entries: dict[str, list[str]] = {}
+        name = None
+        for line in self.exports_file.read_text().splitlines():
+            if line.startswith(_HEAD):
+                name = line[len(_HEAD) :].strip()
+                entries[name] = []
+            elif name is not None:
+                entries[name].append(line)
+        return {n: "\n".join(lines).strip() for n, lines in entries.items()}
+
+    def _write_exports(self, name: str, entry: str) -> None:
+        """Make ``name``'s entry ``entry`` (none when empty); rewrite the file and have the
+        server read it again only when something changed."""
+        entries = self._entries()
+        wanted = (
+            {**entries, name: entry} if entry else {n: e for n, e in entries.items() if n != name}
+        )
+        if wanted == entries and self.exports_file.exists():
             return
         self.exports_file.parent.mkdir(parents=True, exist_ok=True)
         partial = self.exports_file.with_suffix(".partial")
-        partial.write_text("".join(f"{line}\n" for line in sorted(wanted)))
+        partial.write_text("".join(f"{_HEAD}{n}\n{wanted[n]}\n" for n in sorted(wanted)))
         os.replace(partial, self.exports_file)
-        if self.export:
-            self.run(["exportfs", "-ra"])
+        self.reload()
+
+    def reload(self) -> None:
+        """Have the NFS server read ``exports_file`` again."""
+        if self.server == "kernel":
+            if self.export:
+                self.run(["exportfs", "-ra"])
+            return
+        if self.ganesha_pidfile is None:
+            return
+        try:
+            pid = int(self.ganesha_pidfile.read_text().strip())
+            os.kill(pid, signal.SIGHUP)
+        except (OSError, ValueError) as e:
+            raise StorageError(f"ganesha ({self.ganesha_pidfile}) not reloaded: {e}") from e
 
     def ensure_share(self, spec: ShareSpec) -> ShareUsage:
         image, mountpoint = self.image(spec), self.mountpoint(spec)
@@ -86,7 +158,7 @@ class NfsShareDriver(ShareDriver):
             self._grow_offline(image)
         if not os.path.ismount(mountpoint):
             self.run(["mount", "-o", "loop", str(image), str(mountpoint)])
-        self._write_exports(add=self.export_line(spec))
+        self._write_exports(spec.name, self.export_entry(spec))
         return self.usage(spec)
 
     def _grow_mounted(self, image: Path, mountpoint: Path) -> None:
@@ -114,7 +186,7 @@ class NfsShareDriver(ShareDriver):
 
     def ensure_share_absent(self, spec: ShareSpec) -> None:
         mountpoint = self.mountpoint(spec)
-        self._write_exports(remove=f"{mountpoint} ")
+        self._write_exports(spec.name, "")
         if os.path.ismount(mountpoint):
             self.run(["umount", str(mountpoint)])
         try:

@@ -6,7 +6,12 @@ from decimal import Decimal
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_serializer, inline_serializer
+from drf_spectacular.utils import (
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -36,6 +41,19 @@ MONEY = {"max_digits": 19, "decimal_places": 6}
 
 def _money(**kwargs):
     return serializers.DecimalField(**MONEY, **kwargs)
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "format": "decimal",
+        # a positive amount: digits with at least one that is not 0, no sign
+        "pattern": r"^(?=.*[1-9])\d{0,13}(?:\.\d{0,6})?$",
+        "description": "greater than 0",
+    }
+)
+class PositiveMoneyField(serializers.DecimalField):
+    """An amount that must be greater than 0 (the schema says so)."""
 
 
 # --- serializers ----------------------------------------------------------------------------------
@@ -90,7 +108,7 @@ VerifySerializer = inline_serializer(
 
 
 class BudgetSerializer(fields.ModelSerializer):
-    amount = _money(min_value=Decimal("0.000001"))
+    amount = PositiveMoneyField(**MONEY, min_value=Decimal("0.000001"))
     thresholds = serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=1000),
         min_length=1,
@@ -170,6 +188,14 @@ class RateCardSerializer(serializers.ModelSerializer):
     reserved_factor = serializers.DecimalField(
         max_digits=6, decimal_places=4, min_value=Decimal(0), max_value=Decimal(10), required=False
     )
+    held_factor = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        min_value=Decimal(0),
+        max_value=Decimal(10),
+        required=False,
+        help_text="factor on the unit price of what a stopped VM holds (GPUs, vCPUs, memory)",
+    )
     currency = fields.CharField(min_length=3, max_length=3, required=False)
     notes = fields.CharField(max_length=500, required=False, allow_blank=True)
 
@@ -183,6 +209,7 @@ class RateCardSerializer(serializers.ModelSerializer):
             "currency",
             "spot_factor",
             "reserved_factor",
+            "held_factor",
             "notes",
             "prices",
             "created_at",
@@ -351,7 +378,7 @@ class OperatorRateCardViewSet(
 
     def perform_create(self, serializer):
         v = dict(serializer.validated_data)
-        optional = ("spot_factor", "reserved_factor", "currency", "notes")
+        optional = ("spot_factor", "reserved_factor", "held_factor", "currency", "notes")
         serializer.instance = billing.rate_card_create(
             valid_from=v["valid_from"],
             prices=[dict(p) for p in v["prices"]],

@@ -192,3 +192,8 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 class LoginSerializer(serializers.Serializer):
     username = fields.CharField(max_length=150)
     password = fields.CharField(max_length=4096, style={"input_type": "password"})
+    otp = fields.CharField(
+        max_length=20,
+        required=False,
+        help_text="TOTP or recovery code: required when the account has a second factor",
+    )

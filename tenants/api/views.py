@@ -15,7 +15,7 @@ from controlplane.api.viewsets import (
     UserViewSet,
 )
 from controlplane.errors import PermissionDenied
-from tenants import selectors, services
+from tenants import mfa, selectors, services
 from tenants.api import serializers as s
 from tenants.choices import Role
 from tenants.filtersets import MembershipFilterSet, ProjectFilterSet
@@ -60,6 +60,27 @@ class LoginView(KumoViewMixin, APIView):
                 },
                 status=400,
             )
+        if mfa.has_totp(user):
+            code = data.validated_data.get("otp", "")
+            result = mfa.second_factor_check(user=user, code=code) if code else None
+            if result is None or not result.ok:
+                throttled = result is not None and result.throttled_for_s
+                reason = (
+                    "this account has a second factor: send otp"
+                    if result is None
+                    else f"too many wrong codes: wait {result.throttled_for_s} s"
+                    if throttled
+                    else "wrong code"
+                )
+                return Response(
+                    {
+                        "status": 429 if throttled else 400,
+                        "code": "second_factor_required" if result is None else "invalid_otp",
+                        "message": f"otp: {reason}",
+                        "details": {"otp": [reason]},
+                    },
+                    status=429 if throttled else 400,
+                )
         login(request._request, user)
         return Response(
             {"user": s.MeSerializer(user).data, "csrf_token": get_token(request._request)}

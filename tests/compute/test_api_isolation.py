@@ -8,6 +8,14 @@ from tests.isolation import ProjectEndpointContract
 class TestVirtualMachineIsolation(ProjectEndpointContract):
     basename = "project-vm"
     actions = ("list", "retrieve", "create", "delete")
+    object_actions = (
+        ("post", "start/"),
+        ("post", "stop/"),
+        ("post", "reboot/"),
+        ("post", "reset/"),
+        ("post", "power-off/"),
+        ("get", "console-log/"),
+    )
     missing_lookup = "00000000-0000-4000-8000-000000000000"
 
     def make_object(self, project):
@@ -42,13 +50,7 @@ class TestProjectImageIsolation(ProjectEndpointContract):
         return make_image(project=project)
 
     def create_payload(self, project):
-        return {
-            "name": "mine",
-            "os_distro": "rocky",
-            "format": "qcow2",
-            "location": "/images/rocky.qcow2",
-            "checksum": "sha256:" + "0" * 64,
-        }
+        return {"name": "mine", "os_distro": "rocky", "format": "qcow2", "login_user": "rocky"}
 
     def count(self, project):
         return Image.objects.filter(project=project).count()

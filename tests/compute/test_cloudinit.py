@@ -77,6 +77,7 @@ NICS = (
         addresses=("192.168.10.11/24", "fd00::11/64"),
         gateway="192.168.10.1",
         dns=("192.168.10.1", "9.9.9.9"),
+        search=("alpha.internal",),
     ),
     GuestNic(
         mac="52:54:00:0a:00:03",
@@ -106,7 +107,10 @@ def test_nics_become_a_netplan_network_config_with_one_default_route(tmp_path):
                 "mtu": 1450,
                 "addresses": ["192.168.10.11/24", "fd00::11/64"],
                 "routes": [{"to": "0.0.0.0/0", "via": "192.168.10.1"}],
-                "nameservers": {"addresses": ["192.168.10.1", "9.9.9.9"]},
+                "nameservers": {
+                    "addresses": ["192.168.10.1", "9.9.9.9"],
+                    "search": ["alpha.internal"],
+                },
             },
             "ens-2": {  # a VF NIC: its gateway is not a second default route
                 "match": {"macaddress": "52:54:00:0a:00:03"},

@@ -11,6 +11,7 @@ import pytest
 from compute.drivers import nccl
 from compute.drivers.base import (
     DeviceKind,
+    DiskSpec,
     DriverError,
     GuestNic,
     GuestNotFound,
@@ -23,6 +24,7 @@ from compute.drivers.base import (
     PowerState,
 )
 from compute.drivers.domain_xml import (
+    HOTPLUG_PORTS,
     KUMO_NS,
     build_domain_xml,
     domain_uuid,
@@ -110,6 +112,42 @@ def make_spec(vm_id: str | None = None, generation: int = 1, gpus=(), **override
 
 
 class TestDriverContract:
+    def test_reset_keeps_a_running_guest_running_and_leaves_a_stopped_one(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        assert driver.reset(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+        driver.ensure_running(spec.vm_id)
+        assert driver.reset(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.RUNNING)
+        with pytest.raises(GuestNotFound):
+            driver.reset(new_vm_id())
+
+    def test_power_off_is_immediate_and_idempotent(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        assert driver.power_off(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+        assert driver.power_off(spec.vm_id) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
+        assert [g.vm_id for g in driver.list_guests()] == [spec.vm_id]  # still defined
+        with pytest.raises(GuestNotFound):
+            driver.power_off(new_vm_id())
+
+    def test_console_log_is_logged_to_the_given_file_and_read_as_a_tail(self, driver, tmp_path):
+        log = tmp_path / "console.log"
+        spec = make_spec(console_log=str(log))
+        driver.ensure_defined(spec)
+        assert driver.console_log(spec.vm_id) == b""  # nothing printed yet
+        with pytest.raises(GuestNotFound):
+            driver.console_log(new_vm_id())
+        if isinstance(driver, LibvirtDriver):
+            serial = ET.fromstring(driver.domain_xml(spec.vm_id)).find("devices/serial/log")
+            assert (serial.get("file"), serial.get("append")) == (str(log), "on")
+            log.write_bytes(b"old boot\n" * 10000 + b"login: ")  # what virtlogd appends
+        else:
+            driver.write_console(spec.vm_id, b"old boot\n" * 10000 + b"login: ")
+        tail = driver.console_log(spec.vm_id, max_bytes=100)
+        assert len(tail) == 100 and tail.endswith(b"\nlogin: ")
+        assert len(driver.console_log(spec.vm_id)) == 65536
+
     def test_define_then_start(self, driver):
         spec = make_spec()
         assert driver.ensure_defined(spec) == GuestState(spec.vm_id, 1, PowerState.SHUTOFF)
@@ -352,8 +390,11 @@ def test_nics_never_move_passthrough_devices_nor_change_the_nccl_topology():
     with_nics = make_spec("v1", devices=devices, nics=(*TAPS, vf_nic))
 
     def pci(spec) -> set[bytes]:
+        """Controllers and hostdevs, less the free hot-plug root ports (the last ones,
+        numbered after the NICs' ports)."""
         root = ET.fromstring(build_domain_xml(spec, cells={0: [0, 1], 1: [2, 3]}))
-        return {ET.tostring(e) for e in root.find("devices") if e.tag in ("controller", "hostdev")}
+        elements = [e for e in root.find("devices") if e.tag in ("controller", "hostdev")]
+        return {ET.tostring(e) for e in elements[: len(elements) - HOTPLUG_PORTS]}
 
     added = [ET.fromstring(e) for e in pci(with_nics) - pci(bare)]
     assert pci(bare) <= pci(with_nics)  # every controller and hostdev as it was
@@ -362,6 +403,19 @@ def test_nics_never_move_passthrough_devices_nor_change_the_nccl_topology():
         ("pcie-root-port", 7),
     ]
     assert nccl.topology_xml(with_nics) == nccl.topology_xml(bare)
+
+
+def test_a_real_guest_keeps_free_root_ports_for_hot_plug_a_simulated_one_none():
+    def ports(domain_type):
+        root = ET.fromstring(build_domain_xml(make_spec(nics=TAPS), domain_type=domain_type))
+        return [
+            int(c.get("index"))
+            for c in root.iterfind("devices/controller")
+            if c.get("model") == "pcie-root-port"
+        ]
+
+    assert ports("kvm") == list(range(1, 3 + HOTPLUG_PORTS))  # the 2 NICs', then the free
+    assert ports("test") == [1, 2]
 
 
 def test_guest_nic_and_spec_validation():
@@ -386,3 +440,82 @@ def test_guest_nic_and_spec_validation():
         make_spec(nics=(GuestNic(mac=tap.mac, mtu=1500, kind=NicKind.VF, pci_address=VF),))
     with pytest.raises(ValueError, match="q35"):
         build_domain_xml(make_spec(nics=TAPS), machine="pc")
+
+
+def test_console_tail_reads_across_virtlogds_rotation(tmp_path):
+    from compute.drivers.libvirt import read_tail
+
+    (tmp_path / "c.log.0").write_bytes(b"A" * 50 + b"B" * 50)
+    (tmp_path / "c.log").write_bytes(b"C" * 30)
+    paths = [str(tmp_path / "c.log.0"), str(tmp_path / "c.log")]
+    assert read_tail(paths, 40) == b"B" * 10 + b"C" * 30
+    assert read_tail(paths, 20) == b"C" * 20
+    assert read_tail([str(tmp_path / "gone.0"), str(tmp_path / "gone")], 10) == b""
+
+
+# -- volumes, live (the real hypervisor's half: tests/compute/test_live_volumes.py) -------------
+
+VOLUME = DiskSpec(
+    source="vol-0a1b", pool="kumo-local", target_dev="vdb", format="raw", serial="0a1b2c3d4e5f"
+)
+
+
+class TestLiveVolumesContract:
+    def test_attach_to_a_running_guest_and_repeat(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        driver.ensure_disk_attached(spec.vm_id, VOLUME)
+        assert driver.volume_disks(spec.vm_id) == {"vdb": ("kumo-local", "vol-0a1b", VOLUME.serial)}
+        defined = ET.fromstring(driver.domain_xml(spec.vm_id))
+        [disk] = [d for d in defined.iterfind("devices/disk") if d.get("type") == "volume"]
+        assert disk.findtext("serial") == VOLUME.serial
+        assert disk.find("target").get("dev") == "vdb"
+        xml = driver.domain_xml(spec.vm_id)
+        driver.ensure_disk_attached(spec.vm_id, VOLUME)
+        assert driver.domain_xml(spec.vm_id) == xml
+        assert driver.get_guest(spec.vm_id).power is PowerState.RUNNING
+
+    def test_attach_to_a_stopped_guest_is_in_its_definition(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_disk_attached(spec.vm_id, VOLUME)
+        assert "vdb" in driver.volume_disks(spec.vm_id)
+        assert driver.ensure_disk_size(spec.vm_id, "vdb", 1 << 30) == 0  # nothing runs
+        driver.ensure_running(spec.vm_id)
+        assert "vdb" in driver.volume_disks(spec.vm_id)
+
+    def test_detach_and_detach_of_a_missing_disk(self, driver):
+        spec = make_spec()
+        driver.ensure_defined(spec)
+        driver.ensure_running(spec.vm_id)
+        driver.ensure_disk_attached(spec.vm_id, VOLUME)
+        driver.ensure_disk_detached(spec.vm_id, "vdb")
+        assert driver.volume_disks(spec.vm_id) == {}
+        assert "vol-0a1b" not in driver.domain_xml(spec.vm_id)
+        driver.ensure_disk_detached(spec.vm_id, "vdb")
+        driver.ensure_disk_detached(spec.vm_id, "vdz")
+        assert driver.get_guest(spec.vm_id).power is PowerState.RUNNING
+
+    def test_a_missing_guest_is_guest_not_found(self, driver):
+        vm_id = new_vm_id()
+        for call in (
+            lambda: driver.volume_disks(vm_id),
+            lambda: driver.ensure_disk_attached(vm_id, VOLUME),
+            lambda: driver.ensure_disk_detached(vm_id, "vdb"),
+            lambda: driver.ensure_disk_size(vm_id, "vdb", 1),
+        ):
+            with pytest.raises(GuestNotFound):
+                call()
+
+
+def test_the_fake_grows_a_live_disk_and_never_shrinks_it():
+    fake = FakeDriver()
+    spec = make_spec()
+    fake.ensure_defined(spec)
+    fake.ensure_running(spec.vm_id)
+    fake.ensure_disk_attached(spec.vm_id, replace(VOLUME, size_bytes=1 << 30))
+    assert fake.ensure_disk_size(spec.vm_id, "vdb", 2 << 30) == 2 << 30
+    assert fake.ensure_disk_size(spec.vm_id, "vdb", 1 << 30) == 2 << 30
+    with pytest.raises(DriverError):
+        fake.ensure_disk_size(spec.vm_id, "vdc", 1)

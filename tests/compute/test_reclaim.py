@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 
 from compute import services
 from compute.choices import Priority, ReclaimAction, VmState
-from compute.models import VirtualMachine
+from compute.models import Device, VirtualMachine
 from compute.services import reclaim
 from controlplane.models import AuditEvent, Event
 from tenants import services as tenants
@@ -49,12 +49,14 @@ def test_an_expired_projects_vm_is_announced_stopped_then_deleted(project, runni
     assert services.reclaim_run(now=now + timedelta(seconds=10)) == {}
     services.reclaim_run(now=now + timedelta(seconds=3601))
     vm = fresh(vm)
-    assert vm.task_state == "stopping" and vm.reclaim_action == ReclaimAction.DELETE
+    # shelved, not only stopped: its claim returns to the fleet
+    assert vm.state == VmState.SHELVING and vm.reclaim_action == ReclaimAction.DELETE
     assert AuditEvent.objects.filter(action="vm.reclaimed", detail__action="stop").exists()
-    report(vm, "shutoff")
+    report(vm, "absent")  # the host kept its disk and let go of the guest
+    assert fresh(vm).state == VmState.SHELVED and fresh(vm).host_id is None
     later = vm.reclaim_at + timedelta(seconds=1)
     services.reclaim_run(now=later)
-    assert fresh(vm).state == VmState.DELETING
+    assert fresh(vm).state == VmState.DELETED  # it held no host: gone at once
     assert Event.objects.filter(kind="vm.reclaimed").count() == 2
 
 
@@ -93,8 +95,16 @@ def test_idle_vms_are_warned_then_stopped_unless_busy_again(project, running, se
     services.reclaim_run(now=t0 + timedelta(seconds=30))
     services.reclaim_run(now=t0 + timedelta(seconds=400))
     vm = fresh(vm)
-    assert vm.task_state == "stopping" and vm.reclaim_action == ""
+    assert vm.state == VmState.SHELVING and vm.reclaim_action == ""
     assert AuditEvent.objects.filter(action="vm.reclaimed", detail__reason="idle").exists()
+    # Idle reclamation frees the GPU: once the host let go, another VM takes it.
+    gpu = Device.objects.get(vm=vm)
+    report(vm, "absent")
+    assert fresh(vm).state == VmState.SHELVED and not Device.objects.filter(vm=vm).exists()
+    tenants.quota_set(project=project, vcpus=1024, memory_gib=8192, gpus=64, vms=64)
+    other = make_vm(project, template=make_template(gpus=8))
+    assert fresh(other).state == VmState.PROVISIONING
+    assert Device.objects.filter(vm=other, pk=gpu.pk).exists()
 
 
 def test_idle_reclamation_can_be_turned_off(project, running, sent, settings):
@@ -177,6 +187,7 @@ def test_the_report_shows_thresholds_minimum_and_schedule(client_for, project, r
 
 
 def test_operators_set_guarantees(client_for, staff, project):
+    make_host()  # a minimum is refused beyond the fleet's GPUs (``compute.guarantees``)
     api = client_for(staff)
     url = reverse("api:admin-capacityguarantee-detail", kwargs={"project": project.slug})
     assert api.put(url, {"min_gpus": 8}, format="json").status_code == 200

@@ -128,3 +128,36 @@ def test_a_decision_visits_few_hosts_in_a_large_fleet():
     placement = scheduler.select(gpus(1))
     assert scheduler.hosts[placement.host_id].gpus_free == 1  # the tightest fit
     assert len(visited) <= scheduler.sample
+
+
+# --- no GPU stranded by CPU work ----------------------------------------------------------------
+
+
+def _reserving(host):
+    host.vcpus_per_gpu, host.memory_mib_per_gpu = 16, 57 * 1024
+    return host
+
+
+def test_a_cpu_vm_never_takes_what_a_gpu_hosts_free_gpus_need():
+    # The probe of the issue: CPU hosts full, a GPU host with 8 free GPUs. CPU VMs spread
+    # onto it would take 124 of its 128 vCPUs and strand GPUs; the reserve refuses them.
+    full_cpu = cpu_host(2, vcpus=0)
+    gpu = _reserving(gpu_host(1, vcpus=128))
+    scheduler = Scheduler([gpu, full_cpu])
+    with pytest.raises(NoValidHost) as refused:
+        scheduler.select(Request(vcpus=4, memory_mib=8192))
+    assert refused.value.rejected["gpu_reserve"] == 1
+    assert "free GPUs need" in refused.value.reason
+    # 6 GPUs taken by VMs of 8 vCPUs each: 80 vCPUs free, 32 of them the 2 free GPUs' need.
+    busy = _reserving(gpu_host(3, free=(2, 0), vcpus=128 - 6 * 8))
+    scheduler = Scheduler([busy, full_cpu])
+    assert scheduler.select(Request(vcpus=48, memory_mib=8192)).host_id == 3
+    with pytest.raises(NoValidHost):
+        scheduler.select(Request(vcpus=49, memory_mib=8192))
+    # GPU requests are never held back by it.
+    assert scheduler.select(Request(vcpus=16, memory_mib=8192, gpus=2)).host_id == 3
+
+
+def test_a_fleet_of_gpu_hosts_only_places_cpu_vms_on_them():
+    gpu = _reserving(gpu_host(1, vcpus=128))
+    assert Scheduler([gpu]).select(Request(vcpus=4, memory_mib=8192)).host_id == 1

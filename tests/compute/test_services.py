@@ -34,6 +34,35 @@ def test_a_late_heartbeat_changes_nothing():
     assert host.last_heartbeat_at == now
 
 
+def test_a_still_here_heartbeat_is_one_update_and_anything_else_takes_the_full_path(
+    django_assert_num_queries, settings
+):
+    """The report handler: a heartbeat that only says "still here" is one UPDATE; a down
+    host, a restarted or upgraded agent, or a late heartbeat goes through host_heartbeat."""
+    settings.HOST_HEARTBEAT_TIMEOUT_S = 30
+    start = datetime(2026, 11, 1, tzinfo=UTC)
+    report = services.host_heartbeat_reported
+    report(host="gpu-01", payload=PAYLOAD, sent_at=start)  # enrolls: the full path
+    with django_assert_num_queries(1):
+        report(host="gpu-01", payload=PAYLOAD, sent_at=start + timedelta(seconds=10))
+    assert Host.objects.get(name="gpu-01").last_heartbeat_at == start + timedelta(seconds=10)
+
+    report(host="gpu-01", payload=PAYLOAD, sent_at=start + timedelta(seconds=5))  # late
+    assert Host.objects.get(name="gpu-01").last_heartbeat_at == start + timedelta(seconds=10)
+
+    upgraded = {**PAYLOAD, "version": "0.2.0", "started_at": "2026-11-01T00:00:20+00:00"}
+    report(host="gpu-01", payload=upgraded, sent_at=start + timedelta(seconds=20))
+    host = Host.objects.get(name="gpu-01")
+    assert host.agent_version == "0.2.0" and host.agent_started_at is not None
+    with django_assert_num_queries(1):  # and from then on, "still here" again
+        report(host="gpu-01", payload=upgraded, sent_at=start + timedelta(seconds=25))
+
+    assert services.hosts_check(now=start + timedelta(seconds=60)) == ["gpu-01"]
+    report(host="gpu-01", payload=upgraded, sent_at=start + timedelta(seconds=70))
+    assert Host.objects.get(name="gpu-01").state == HostState.UP  # back, by the full path
+    assert AuditEvent.objects.filter(action="host.up").count() == 1
+
+
 def test_silent_host_goes_down_and_comes_back_by_itself(settings):
     settings.HOST_HEARTBEAT_TIMEOUT_S = 30
     start = datetime(2026, 11, 1, tzinfo=UTC)

@@ -2,9 +2,11 @@
 on-demand VM, never a guaranteed minimum), the deadline honoured or cut short by the guest,
 the hand-over only after the host reported the victims off, and evicted VMs restarting."""
 
+import json
 from datetime import timedelta
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from compute import services
@@ -15,8 +17,9 @@ from compute.services import spot
 from controlplane.errors import Conflict, QuotaExceeded
 from controlplane.models import AuditEvent, Event
 from tenants import services as tenants
+from tenants.choices import Role
 from tests.compute.test_vms import fresh, report
-from tests.factories import make_host, make_image, make_project, make_template, make_vm
+from tests.factories import add_member, make_host, make_image, make_project, make_template, make_vm
 
 pytestmark = pytest.mark.django_db
 
@@ -273,3 +276,52 @@ def test_a_stale_index_makes_it_decide_again(world, sent):
         VirtualMachine.objects.filter(state=VmState.EVICTING).values_list("pk", flat=True)
     )
     assert evicting == {v.pk for v in world["small"]} and vm.reserved_host_id == world["a"].pk
+
+
+B_ADDRESS = "203.0.113.77"
+B_REQUEST = "b-request-4f1c"
+
+
+def _everything(api, project, basename):
+    url = reverse(f"api:{basename}-list", kwargs={"project_slug": project.slug})
+    answer = api.get(url, {"page_size": 500})
+    assert answer.status_code == 200
+    return answer.json()["results"]
+
+
+def test_a_preempted_project_finds_no_trace_of_the_project_that_preempted_it(
+    world,
+    client_for,
+):
+    a, b = world["other"], world["wants"]  # A holds the 4-GPU spot VMs an 8-GPU VM needs
+    reader = add_member(a, role=Role.READER)
+    created = client_for(b.owner).post(
+        reverse("api:project-vm-list", kwargs={"project_slug": b.slug}),
+        {"name": "b-urgent", "template": world["t8"].name, "image": world["image"].pk},
+        format="json",
+        REMOTE_ADDR=B_ADDRESS,
+        HTTP_X_REQUEST_ID=B_REQUEST,
+    )
+    assert created.status_code == 202, created.json()
+    b_vm = created.json()["id"]
+    victims = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    assert {v.project_id for v in victims} == {a.pk}
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))  # notices end
+    for victim in victims:  # the hand-over, as the host reports them off
+        _stop_reported(victim)
+    assert all(fresh(v).state == VmState.EVICTED for v in victims)
+
+    api = client_for(reader)
+    trail = _everything(api, a, "project-auditevent")
+    notices = [r for r in trail if r["action"] == "vm.eviction_notice"]
+    assert len(notices) == 2 and {r["actor"] for r in notices} == {"scheduler"}
+    assert {r["ip_address"] for r in notices} == {None}
+    seen = json.dumps([trail, _everything(api, a, "project-event")])
+    for trace in (b.owner.username, B_ADDRESS, B_REQUEST, b_vm, b.slug, "b-urgent"):
+        assert trace not in seen, f"A's trail names {trace!r} of project B"
+    # B's own trail keeps its user and address, and says how many VMs it evicted, not whose.
+    own = _everything(client_for(b.owner), b, "project-auditevent")
+    (preempt,) = [r for r in own if r["action"] == "vm.preempt"]
+    assert preempt["actor"] == b.owner.username and preempt["ip_address"] == B_ADDRESS
+    assert preempt["detail"]["victims"] == 2 and preempt["detail"]["own_victims"] == []
+    assert not any(str(v.pk) in json.dumps(own) for v in victims)

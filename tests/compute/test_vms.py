@@ -194,7 +194,8 @@ def test_two_racing_actions_one_wins(project, sent):
     report(vm, "running")
     first, second = fresh(vm), fresh(vm)
     services.vm_stop(vm=first)
-    with pytest.raises(Conflict, match="changed meanwhile"):
+    # The loser re-reads the row under its lock and names what it found (issue 13, fault 3).
+    with pytest.raises(Conflict, match="stopping in progress"):
         services.vm_reboot(vm=second)
 
 

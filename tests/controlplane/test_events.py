@@ -35,7 +35,9 @@ class Receiver(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
+    # the receiver is on loopback, which webhooks reach only where the operator allows it
+    settings.WEBHOOK_ALLOWED_NETWORKS = ("127.0.0.0/8",)
     Receiver.received = []
     Receiver.status = 204
     server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
@@ -56,14 +58,47 @@ def test_an_event_is_delivered_signed_to_the_webhooks_that_want_it(project, rece
     assert Webhook.objects.get(pk=hook.pk).last_status == "204"
 
 
-def test_a_failing_receiver_is_retried_and_a_refusal_is_not(project, receiver):
+def test_a_failing_receiver_is_retried_and_a_refusal_is_not(project, receiver, monkeypatch):
+    retries = []
+    monkeypatch.setattr(webhook_deliver, "apply_async", lambda **kw: retries.append(kw))
     hook, _ = services.webhook_create(project=project, url=receiver)
     event = events.emit("vm.notice", project=project, message="m")
     Receiver.status = 503
-    with pytest.raises(OSError):
-        webhook_deliver(webhook_id=hook.pk, event_id=event.pk)
+    assert webhook_deliver(webhook_id=hook.pk, event_id=event.pk) == 503
+    assert [r["kwargs"]["attempt"] for r in retries] == [2]
     Receiver.status = 410
     assert webhook_deliver(webhook_id=hook.pk, event_id=event.pk) == 410
+    assert len(retries) == 1
+
+
+def test_a_dead_webhook_is_one_log_line_per_failed_delivery_with_backoff(
+    project, monkeypatch, caplog, settings
+):
+    """Issue 13, item 12: nothing listens; each failure is one line without a traceback,
+    and the next attempt waits longer, until the last one gives up."""
+    import socket
+
+    settings.WEBHOOK_ALLOWED_NETWORKS = ("127.0.0.0/8",)  # the dead receiver is on loopback
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/hook"  # closed once the block ends
+    retries = []
+    monkeypatch.setattr(webhook_deliver, "apply_async", lambda **kw: retries.append(kw))
+    hook, _ = services.webhook_create(project=project, url=dead)
+    event = events.emit("vm.notice", project=project, message="m")
+    from controlplane.tasks import WEBHOOK_ATTEMPTS
+
+    caplog.set_level("INFO", logger="controlplane.tasks")
+    for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+        webhook_deliver(webhook_id=hook.pk, event_id=event.pk, attempt=attempt)
+    lines = [r for r in caplog.records if r.name == "controlplane.tasks"]
+    assert len(lines) == WEBHOOK_ATTEMPTS
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+    assert "given up" in lines[-1].getMessage()
+    delays = [r["countdown"] for r in retries]
+    assert len(delays) == WEBHOOK_ATTEMPTS - 1 and delays == sorted(delays) and delays[0] == 2
+    assert Webhook.objects.get(pk=hook.pk).last_status.startswith("error")
 
 
 def test_delivery_and_mail_wait_for_commit(project, django_capture_on_commit_callbacks):

@@ -154,3 +154,27 @@ def test_operators_approve_connections_and_see_host_networks(client_for, staff, 
     assert [(h["host"], h["gateway"]) for h in hosts] == [("gw-1", True)]
     r = admin.post(reverse("api:admin-hostnetwork-resync", kwargs={"host": "gw-1"}))
     assert r.status_code == 202
+
+
+def test_a_subnets_dns_servers_are_set_and_cleared(api, project):
+    """PATCH dns_servers: the guests are told those servers (no search domain); [] goes
+    back to the network's own resolver with the project's zone."""
+    from network import dns
+    from network.models import Subnet
+
+    net = make_network(project, "names", cidr="10.44.0.0/24")
+    subnet = Subnet.objects.get(network=net)
+    client = api
+    url = f"/api/v1/projects/{project.slug}/subnets/{subnet.pk}/"
+    assert dns.guest_dns(subnet, net, project.slug) == (("10.44.0.1",), (dns.zone(project.slug),))
+    answer = client.patch(url, {"dns_servers": ["9.9.9.9", "1.1.1.1"]}, format="json")
+    assert answer.status_code == 200 and answer.json()["dns_servers"] == ["9.9.9.9", "1.1.1.1"]
+    subnet.refresh_from_db()
+    assert dns.guest_dns(subnet, net, project.slug) == (("9.9.9.9", "1.1.1.1"), ())
+    bad = client.patch(url, {"dns_servers": ["resolver"]}, format="json")
+    assert bad.status_code == 400 and "dns_servers" in bad.json()["details"]
+    empty = client.patch(url, {}, format="json")
+    assert empty.status_code == 400 and "dns_servers" in empty.json()["details"]
+    assert client.patch(url, {"dns_servers": []}, format="json").status_code == 200
+    subnet.refresh_from_db()
+    assert dns.guest_dns(subnet, net, project.slug)[0] == ("10.44.0.1",)

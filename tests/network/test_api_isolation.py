@@ -57,7 +57,7 @@ class TestNetworkIsolation(ProjectEndpointContract):
 
 class TestSubnetIsolation(ProjectEndpointContract):
     basename = "project-subnet"
-    actions = ("list", "retrieve", "create", "delete")
+    actions = ("list", "retrieve", "create", "update", "delete")
 
     def make_object(self, project):
         net = make_network(_roomy(project), f"n{next(_n)}", cidr="")
@@ -66,6 +66,9 @@ class TestSubnetIsolation(ProjectEndpointContract):
     def create_payload(self, project):
         net = make_network(_roomy(project), f"n{next(_n)}", cidr="")
         return {"network": net.name, "cidr": "10.7.0.0/24"}
+
+    def update_payload(self, obj):
+        return {"dns_servers": ["9.9.9.9"]}
 
     def foreign_payloads(self, project, other):
         theirs = make_network(other, f"theirs{next(_n)}", cidr="")

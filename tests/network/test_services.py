@@ -5,7 +5,7 @@ import pytest
 
 from compute import services as compute
 from controlplane.errors import Conflict, InvalidInput
-from network import desired, services
+from network import desired, dns, services
 from network.models import FixedIp, GlobalIp, HostNetwork, Port, PortForward
 from tests.factories import (
     enroll_network,
@@ -188,13 +188,18 @@ def test_desired_state_spans_hosts_and_isolates_projects(fleet):
     # Project A spans h1 and h2, and its router leg lives on the gateway.
     assert by_vni[net_a.vni].remote_vteps == ("10.99.0.2", "10.99.0.3")
     assert (a2.mac, "10.99.0.2") in by_vni[net_a.vni].remote_macs
-    assert by_vni[net_b.vni].remote_vteps == ()  # B is on h1 alone, no router
+    # B is on h1 alone and has no router: only its resolver's namespace is on the gateway.
+    assert by_vni[net_b.vni].remote_vteps == ("10.99.0.3",)
+    assert by_vni[net_b.vni].remote_macs == ((dns.dns_mac(net_b.pk.hex), "10.99.0.3"),)
     assert {p.mac for p in on_h1.ports} == {a1.mac, b1.mac}
     # Both have .2: overlapping addresses, different VNIs.
     assert {p.ips for p in on_h1.ports} == {("192.168.10.2",)}
 
     on_gw = desired.host_networks(gw.pk)
-    assert [n.vni for n in on_gw.networks] == [net_a.vni]
+    assert [n.vni for n in on_gw.networks] == [net_a.vni, net_b.vni]
+    resolvers = {d.vni: d for d in on_gw.dns}
+    assert resolvers[net_a.vni].router_id and not resolvers[net_b.vni].router_id
+    assert resolvers[net_b.vni].addresses == ("192.168.10.1/24",)
     (router,) = on_gw.routers
     assert router.interfaces[0].address == "192.168.10.1/24"
     assert router.snat_cidrs == ("192.168.10.0/24",)

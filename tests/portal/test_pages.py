@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -35,6 +36,7 @@ PROJECT_PAGES = [
     "networks",
     "security-groups",
     "global-ips",
+    "images",
     "storage",
     "members",
     "billing",
@@ -541,3 +543,46 @@ def test_polled_and_fleet_pages_cost_the_same_queries_whatever_their_size(
     for _ in range(4):
         make_vm(project, template=cloud["gpu"], image=cloud["image"], nics=[{"network": network}])
     assert queries() == one
+
+
+@override_settings(CONSOLE_LOG_WAIT_S=0.05)
+def test_reset_power_off_and_the_console_log_page(login, project, cloud):
+    """The rescue buttons of a running VM go through the service; the console-log page
+    asks the host (which does not answer in this test) and says so; a reader may not
+    read the console."""
+    vm = make_vm(project, template=cloud["cpu"], image=cloud["image"])
+    VirtualMachine.objects.filter(pk=vm.pk).update(state=VmState.RUNNING)
+    client = login(cloud["users"][Role.MEMBER])
+    html = client.get(url("vm-detail", project, pk=vm.pk)).content.decode()
+    assert ">Reset</button>" in html and ">Power off</button>" in html
+    response = client.post(url("vm-action", project, pk=vm.pk, action="reset"), follow=True)
+    assert f"Reset of VM {vm.name} requested" in response.content.decode()
+    vm.refresh_from_db()
+    assert vm.task_state == "resetting"
+    html = client.get(url("vm-detail", project, pk=vm.pk)).content.decode()
+    assert ">Power off</button>" in html and ">Reset</button>" not in html  # overrules
+    response = client.post(url("vm-action", project, pk=vm.pk, action="power_off"), follow=True)
+    assert f"Power-off of VM {vm.name} requested" in response.content.decode()
+    page = client.get(url("vm-console-log", project, pk=vm.pk)).content.decode()
+    assert "has not answered yet" in page
+    reader = login(cloud["users"][Role.READER]).get(url("vm-console-log", project, pk=vm.pk))
+    assert "Only members" in reader.content.decode()
+
+
+def test_a_subnets_dns_servers_are_set_from_the_networks_page(login, project, cloud):
+    from network.models import Subnet
+    from tests.factories import make_network
+
+    make_network(project, "names", cidr="10.32.0.0/24")
+    subnet = Subnet.objects.get(network__name="names", project=project)
+    client = login(cloud["users"][Role.MEMBER])
+    html = client.get(url("networks", project)).content.decode()
+    assert "the network's resolver (10.32.0.1)" in html
+    done = client.post(
+        url("subnet-dns", project, pk=subnet.pk), {"dns_servers": "9.9.9.9, 1.1.1.1"}, follow=True
+    )
+    assert "guests are told 9.9.9.9, 1.1.1.1" in done.content.decode()
+    subnet.refresh_from_db()
+    assert subnet.dns_servers == ["9.9.9.9", "1.1.1.1"]
+    bad = client.post(url("subnet-dns", project, pk=subnet.pk), {"dns_servers": "x"}, follow=True)
+    assert "is not an IPv4 address" in bad.content.decode()

@@ -13,6 +13,8 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 from kumo_sdk import Client
+from kumo_sdk.cli import app
+from typer.testing import CliRunner
 
 from compute.choices import HostState
 from compute.management.commands.simfleet import write_and_register
@@ -123,3 +125,27 @@ def kumo(server, owner, project):
     """The SDK, as the project's owner, with no delay between retries."""
     with Client(server.url, token_for(owner), project=project.slug, backoff=0) as client:
         yield client
+
+
+@pytest.fixture
+def kumo_cli(tmp_path):
+    """``kumo_cli(*args)``: run ``kumo`` with its config file in ``tmp_path``; returns the
+    result (``stdout`` and ``stderr`` apart)."""
+    runner = CliRunner()
+    env = {"KUMO_CONFIG": str(tmp_path / "kumo" / "config.json"), "KUMO_PROJECT": None}
+
+    def run(*args: str, ok: bool = True):
+        result = runner.invoke(app, list(args), env=env)
+        if ok:
+            assert result.exit_code == 0, (args, result.output, result.exception)
+        return result
+
+    run.config = tmp_path / "kumo" / "config.json"
+    return run
+
+
+@pytest.fixture
+def logged_in(server, owner, project, kumo_cli):
+    can_log_in(owner)
+    kumo_cli("login", server.url, "--username", owner.username, "--password", PASSWORD)
+    return kumo_cli

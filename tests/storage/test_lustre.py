@@ -42,18 +42,42 @@ def test_output_without_the_root_is_an_error():
 
 
 class Lfs:
-    """Records commands; answers ``lfs quota`` with ``PLAIN``, or fails when told to."""
+    """Records commands; answers ``lfs quota`` with ``PLAIN``, or fails when told to; keeps
+    nodemaps and their ranges as the MGS would, printing them as ``lctl get_param`` does."""
 
     def __init__(self, fail_on: str = ""):
         self.commands: list[list[str]] = []
         self.fail_on = fail_on
+        self.nodemaps: dict[str, list[str]] = {}
 
     def __call__(self, argv):
         self.commands.append(list(argv))
         if self.fail_on and self.fail_on in argv:
             raise StorageError(f"lfs {self.fail_on}: Operation not permitted")
+        if argv[0] == "lctl":
+            return self.lctl(argv[1:])
         # lfs names the file system as it was given
         return PLAIN.replace("/fast", argv[-1]) if argv[1] == "quota" else ""
+
+    def lctl(self, args):
+        if args[0] == "get_param":
+            name = args[2].split(".")[1]
+            if name not in self.nodemaps:
+                raise StorageError(f"error: get_param: param_path 'nodemap/{name}/ranges'")
+            rows = [
+                f" {{ id: {i}, start_nid: {nid}, end_nid: {nid} }}"
+                for i, nid in enumerate(self.nodemaps[name], start=1)
+            ]
+            return "[\n" + ",\n".join(rows) + "\n]\n"
+        if args[0] == "nodemap_add":
+            self.nodemaps[args[1]] = []
+        elif args[0] == "nodemap_del":
+            del self.nodemaps[args[1]]
+        elif args[0] == "nodemap_add_range":
+            self.nodemaps[args[2]].append(args[4])
+        elif args[0] == "nodemap_del_range":
+            self.nodemaps[args[2]].remove(args[4])
+        return ""
 
 
 @pytest.fixture
@@ -71,7 +95,7 @@ def test_ensure_share_tags_the_directory_sets_the_hard_limit_and_reads_usage(dri
     root = str(tmp_path / "fast")
     usage = driver.ensure_share(ShareSpec(name="genome-1a2b", project_number=100001, quota_gib=10))
     assert (tmp_path / "fast" / "genome-1a2b").is_dir()
-    assert lfs.commands == [
+    assert [c for c in lfs.commands if c[0] == "lfs"] == [
         ["lfs", "project", "-p", "100001", "-s", "-r", f"{root}/genome-1a2b"],
         ["lfs", "setquota", "-p", "100001", "-b", "0", "-B", f"{10 * GIB // 1024}k", root],
         ["lfs", "quota", "-p", "100001", root],
@@ -87,8 +111,9 @@ def test_absent_removes_the_directory_and_clears_the_limit(driver, lfs, tmp_path
     driver.ensure_share_absent(spec)
     driver.ensure_share_absent(spec)
     assert not (tmp_path / "fast" / "genome-1a2b").exists()
-    assert lfs.commands[0][:7] == ["lfs", "setquota", "-p", "100001", "-b", "0", "-B"]
-    assert lfs.commands[0][7] == "0"
+    setquota = next(c for c in lfs.commands if c[0] == "lfs")
+    assert setquota[:7] == ["lfs", "setquota", "-p", "100001", "-b", "0", "-B"]
+    assert setquota[7] == "0"
 
 
 def test_a_refused_lfs_is_a_storage_error(tmp_path):
@@ -101,3 +126,29 @@ def test_a_refused_lfs_is_a_storage_error(tmp_path):
 def test_usage_of_a_missing_share_is_an_error(driver):
     with pytest.raises(StorageError, match="does not exist"):
         driver.usage(ShareSpec(name="nope", project_number=7, quota_gib=1))
+
+
+def test_a_share_has_a_nodemap_of_exactly_its_clients_and_its_directory(driver, lfs):
+    spec = ShareSpec(
+        name="genome-1a2b", project_number=100001, quota_gib=10, clients=("10.0.0.5", "10.0.0.6")
+    )
+    driver.ensure_share(spec)
+    nodemap = ["lctl", "nodemap_modify", "--name", "kumo-100001", "--property"]
+    assert ["lctl", "nodemap_add", "kumo-100001"] in lfs.commands
+    assert [*nodemap, "admin", "--value", "0"] in lfs.commands  # root squashed
+    assert [
+        "lctl", "nodemap_set_fileset", "--name", "kumo-100001", "--fileset", "/genome-1a2b"
+    ] in lfs.commands  # fmt: skip
+    assert lfs.nodemaps == {"kumo-100001": ["10.0.0.5@tcp", "10.0.0.6@tcp"]}
+    # The project's VMs changed: one went, one came; a repeat changes nothing more.
+    moved = ShareSpec(
+        name=spec.name, project_number=100001, quota_gib=10, clients=("10.0.0.6", "10.0.0.9")
+    )
+    driver.ensure_share(moved)
+    lfs.commands.clear()
+    driver.ensure_share(moved)
+    assert lfs.nodemaps == {"kumo-100001": ["10.0.0.6@tcp", "10.0.0.9@tcp"]}
+    assert not [c for c in lfs.commands if c[1] in ("nodemap_add_range", "nodemap_del_range")]
+    driver.ensure_share_absent(moved)
+    driver.ensure_share_absent(moved)
+    assert lfs.nodemaps == {}

@@ -55,13 +55,17 @@ def _fill(path: Path, mib: int) -> None:
 
 
 def test_a_share_is_mounted_exported_and_holds_no_more_than_its_quota(driver, tmp_path):
-    spec = ShareSpec(name="genome-1a2b", project_number=100001, quota_gib=1)
+    spec = ShareSpec(
+        name="genome-1a2b", project_number=100001, quota_gib=1, clients=("10.0.0.6", "10.0.0.5")
+    )
     usage = driver.ensure_share(spec)
     mount = driver.mountpoint(spec)
     assert os.path.ismount(mount)
     assert usage.limit_bytes == GIB and usage.used_bytes < 64 * 2**20
     exports = (tmp_path / "kumo.exports").read_text()
-    assert exports == f"{mount} *(rw,sync,no_subtree_check,root_squash,fsid=100001)\n"
+    options = "(rw,sync,no_subtree_check,root_squash,fsid=100001)"
+    # exported to exactly the project's VMs, never to everyone
+    assert exports == f"# kumo:genome-1a2b\n{mount} 10.0.0.5{options} 10.0.0.6{options}\n"
     with pytest.raises(OSError) as full:
         _fill(mount / "big", 1100)
     assert full.value.errno == errno.ENOSPC
@@ -90,13 +94,13 @@ def test_repeat_changes_nothing(driver):
 
 
 def test_absent_unmounts_unexports_and_deletes(driver, tmp_path):
-    keep = ShareSpec(name="other", project_number=6, quota_gib=1)
-    spec = ShareSpec(name="s1", project_number=5, quota_gib=1)
+    keep = ShareSpec(name="other", project_number=6, quota_gib=1, clients=("10.0.0.7",))
+    spec = ShareSpec(name="s1", project_number=5, quota_gib=1, clients=("10.0.0.5",))
     driver.ensure_share(keep)
     driver.ensure_share(spec)
     driver.ensure_share_absent(spec)
     driver.ensure_share_absent(spec)
     assert not driver.image(spec).exists() and not driver.mountpoint(spec).exists()
-    assert (tmp_path / "kumo.exports").read_text() == driver.export_line(keep) + "\n"
+    assert (tmp_path / "kumo.exports").read_text() == f"# kumo:other\n{driver.export_entry(keep)}\n"
     with pytest.raises(StorageError, match="not mounted"):
         driver.usage(spec)

@@ -80,7 +80,7 @@ def test_the_host_applies_reports_and_guests_mount_it_once_applied(project):
     assert stale["stale"] is True and stale["generation"] == share.generation
 
 
-def test_a_failed_apply_is_recorded_and_not_ready(project):
+def test_a_failed_apply_is_recorded_and_not_ready(project, caplog):
     driver = FakeShareDriver()
     driver.fail_next = "lfs setquota: Operation not permitted"
     share = services.share_create(project=project, name="data", tier="fast", quota_gib=1)
@@ -95,9 +95,36 @@ def test_a_failed_apply_is_recorded_and_not_ready(project):
         ),
         drivers=lambda tier: driver,
     )
+    caplog.set_level("WARNING", logger="storage.services")
     services.share_reported(host="mds-01", payload=report, sent_at=timezone.now())
     share.refresh_from_db()
-    assert not share.ready and "not permitted" in share.last_error
+    # The project is told it failed; the host's words go to the operators' log only.
+    assert not share.ready and "operators have been told" in share.last_error
+    assert "not permitted" not in share.last_error
+    assert any("not permitted" in r.getMessage() for r in caplog.records)
+
+
+def test_a_tier_no_host_serves_names_no_operator_setting_to_the_project(
+    project, monkeypatch, caplog
+):
+    """Issue 13, item 12: the share error a tenant sees never names KUMO_SHARES."""
+    monkeypatch.delenv("KUMO_SHARES", raising=False)
+    share = services.share_create(project=project, name="data", tier="fast", quota_gib=1)
+    report = apply_share(
+        protocol.ShareApply(
+            share_id=str(share.pk),
+            generation=share.generation,
+            tier="fast",
+            name=share.directory,
+            project_number=share.project_number,
+            quota_gib=1,
+        )
+    )
+    caplog.set_level("WARNING", logger="storage.services")
+    services.share_reported(host="mds-01", payload=report, sent_at=timezone.now())
+    share.refresh_from_db()
+    assert share.last_error and "KUMO_" not in share.last_error
+    assert any("KUMO_SHARES" in r.getMessage() for r in caplog.records)
 
 
 def test_extend_bumps_the_generation_and_delete_forgets_it(project):
@@ -125,3 +152,45 @@ def test_gib_hours_clip_intervals_to_the_period(project, other_project):
         project.pk: {"volume": Decimal("180.000"), "bucket": Decimal("3.000")}
     }
     assert gib_hours(start, end, project=other_project) == {}
+
+
+def test_a_share_is_sent_to_exactly_its_projects_vm_addresses_as_they_come_and_go(
+    project, other_project, monkeypatch, django_capture_on_commit_callbacks
+):
+    from compute import services as compute
+    from tests.compute.test_vms import fresh, report
+    from tests.factories import make_network
+
+    sent = []
+
+    def send_to_host(host, task, **kw):
+        if task == protocol.SHARE_APPLY_TASK:
+            sent.append(kw)
+
+    monkeypatch.setattr("controlplane.agents.send_to_host", send_to_host)
+    share = services.share_create(project=project, name="data", tier="large", quota_gib=1)
+    assert list(sent[-1]["clients"]) == []  # no VM yet: exported to nobody
+    make_host("gpu-01")
+    net = make_network(project, cidr="10.9.0.0/24")
+    with django_capture_on_commit_callbacks(execute=True):
+        vm = make_vm(project, nics=[{"network": net, "fixed_ip": "10.9.0.10"}])
+    assert list(sent[-1]["clients"]) == ["10.9.0.10"] and sent[-1]["share_id"] == str(share.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        make_vm(project, nics=[{"network": net, "fixed_ip": "10.9.0.11"}])
+    assert list(sent[-1]["clients"]) == ["10.9.0.10", "10.9.0.11"]
+
+    # Another project's network overlaps: its VM at 10.9.0.11 makes that address name
+    # no one project, so neither project's share is exported to it.
+    theirs = services.share_create(project=other_project, name="data", tier="large", quota_gib=1)
+    other_net = make_network(other_project, cidr="10.9.0.0/24")
+    with django_capture_on_commit_callbacks(execute=True):
+        make_vm(other_project, nics=[{"network": other_net, "fixed_ip": "10.9.0.11"}])
+    by_share = {kw["share_id"]: list(kw["clients"]) for kw in sent}
+    assert by_share[str(theirs.pk)] == []
+    assert by_share[str(share.pk)] == ["10.9.0.10"]
+
+    # The first VM goes: its address leaves the export.
+    with django_capture_on_commit_callbacks(execute=True):
+        compute.vm_delete(vm=fresh(vm))
+        report(fresh(vm), "absent")
+    assert [kw["clients"] for kw in sent if kw["share_id"] == str(share.pk)][-1] == ()

@@ -456,8 +456,8 @@ def test_over_budget_stops_spot_first_then_the_rest_as_the_policy_says(
         VirtualMachine.objects.filter(pk__in=done["stopped"]).values_list("name", flat=True)
     )
     assert names == stopped
-    stopping = set(
-        VirtualMachine.objects.filter(task_state="stopping").values_list("name", flat=True)
+    stopping = set(  # shelved, so that their GPUs really return
+        VirtualMachine.objects.filter(state="shelving").values_list("name", flat=True)
     )
     assert stopping == stopped
     steps = list(Event.objects.filter(kind="budget.reclaim").order_by("pk"))
@@ -467,7 +467,7 @@ def test_over_budget_stops_spot_first_then_the_rest_as_the_policy_says(
     # each step is announced (and audited) before its VMs are stopped
     for step in steps:
         first_stop = AuditEvent.objects.filter(
-            action="vm.stop", object_id__in=[str(vms[n].pk) for n in step.payload["vms"]]
+            action="vm.shelve", object_id__in=[str(vms[n].pk) for n in step.payload["vms"]]
         ).order_by("pk")[0]
         announced = AuditEvent.objects.get(
             action="budget.reclaim", detail__step=step.payload["step"]

@@ -76,7 +76,7 @@ def test_a_vm_bills_vcpus_memory_and_gpus_by_model_while_placed_and_running(proj
     assert len(records(vm)) == 3  # provisioning -> running: the same intervals go on
 
 
-def test_stopped_vms_pay_nothing_and_starting_opens_new_intervals(project):
+def test_stopped_vms_bill_what_they_hold_at_the_held_price(project):
     make_host()
     vm = make_vm(project, template=make_template(gpus=1))
     report(vm, "running")
@@ -85,13 +85,19 @@ def test_stopped_vms_pay_nothing_and_starting_opens_new_intervals(project):
     report(fresh(vm), "shutoff")
     vm = fresh(vm)
     assert vm.state == VmState.STOPPED
-    assert open_resources(vm) == set()
-    assert {r.ended_at for r in records(vm)} == {vm.updated_at}
+    # Holding is never free: the same claim at priority "held", and the disk as storage.
+    assert {(r, q, p) for r, _m, q, p in open_resources(vm)} == {
+        ("vcpu", Decimal(vm.vcpus), "held"),
+        ("memory", Decimal(vm.memory_mib) / 1024, "held"),
+        ("gpu", Decimal(1), "held"),
+        ("storage", Decimal(vm.disk_gib), "on_demand"),
+    }
+    assert {r.started_at for r in records(vm, ended_at__isnull=True)} == {vm.updated_at}
     vm, _ = services.vm_start(vm=vm)
-    assert open_resources(vm) == set()  # starting: billed once it runs
+    assert len(open_resources(vm)) == 4  # starting: still held until it runs
     report(vm, "running")
     vm = fresh(vm)
-    assert len(open_resources(vm)) == 3 and len(records(vm)) == 6
+    assert len(open_resources(vm)) == 3 and len(records(vm)) == 10
     assert {r.started_at for r in records(vm, ended_at__isnull=True)} == {vm.updated_at}
 
 
@@ -245,14 +251,14 @@ def test_usage_totals_equal_the_state_history_exactly(project, steps, priority, 
     state, since = VmState.PENDING, at
     for next_state, step_us in steps:
         at += timedelta(microseconds=step_us)
-        if state in usage.BILLABLE_VM_STATES:
+        if state in usage.BILLABLE_VM_STATES | usage.HELD_VM_STATES:
             expected_us += _us(at - since)
         state, since = next_state, at
         vm.state = next_state
         usage.vm_usage_sync(vm, at=at)
         assert usage.vm_usage_sync(vm, at=at) == 0  # idempotent
     end = at + timedelta(hours=1)
-    if state in usage.BILLABLE_VM_STATES:
+    if state in usage.BILLABLE_VM_STATES | usage.HELD_VM_STATES:
         expected_us += _us(end - since)
     rows = list(UsageRecord.objects.filter(subject_id=str(vm.pk)).order_by("started_at", "id"))
     quantities = {"vcpu": Decimal(3), "memory": Decimal(memory_mib) / 1024, "gpu": Decimal(gpus)}
@@ -263,7 +269,7 @@ def test_usage_totals_equal_the_state_history_exactly(project, steps, priority, 
             continue
         total = sum(_us((r.ended_at or end) - r.started_at) * r.quantity for r in mine)
         assert total == expected_us * quantity, resource
-        assert all(r.priority == priority for r in mine)
+        assert all(r.priority in (priority, "held") for r in mine)
         for a, b in itertools.pairwise(mine):
             assert a.ended_at is not None and a.ended_at <= b.started_at  # no overlap
         assert sum(r.ended_at is None for r in mine) <= 1

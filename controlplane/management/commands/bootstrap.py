@@ -73,6 +73,10 @@ def _catalog() -> None:
             compute.template_create(**fields)
     if not Image.objects.filter(name=SIM_IMAGE["name"], project=None).exists():
         compute.image_create(**SIM_IMAGE)
+    # Kumo's real guest image, once `make image` has built it (nothing is built here).
+    from compute.services.guest_image import guest_image_register_cached
+
+    guest_image_register_cached()
 
 
 class Command(BaseCommand):

@@ -2,7 +2,10 @@
 
 Migrates, bootstraps the demo data, then starts and supervises: the web process (gunicorn),
 the controller (Celery on queue ``control``), beat, and one host agent per simulated host
-(Celery on ``host.<name>``). Ctrl-C stops every process. On the embedded defaults it needs no
+(Celery on ``host.<name>``). A process that exits is started again after a backoff
+(``controlplane.supervise``, as systemd's ``Restart=always`` does for ``deploy/systemd``).
+Ctrl-C (or SIGTERM) stops every process and removes what the run made on this machine: the
+project routers' namespaces and the simulated fabric. On the embedded defaults it needs no
 server at all; set DATABASE_URL and CELERY_BROKER_URL to run it on PostgreSQL and Redis.
 """
 
@@ -81,12 +84,13 @@ class Command(BaseCommand):
         metrics_dir.mkdir(parents=True)
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
 
+        base = f"http://{bind}"
+        demo_idp = demo_federation(env, base)
         host_list = [h.strip() for h in hosts.split(",") if h.strip()]
         from compute.management.commands.simfleet import write_and_register
 
         uris = write_and_register(settings.VAR_DIR / "fleet", host_list)
         agent_args, networking = _simulated_network(host_list)
-        base = f"http://{bind}"
         self.stdout.write(
             "\n".join(
                 [
@@ -99,6 +103,7 @@ class Command(BaseCommand):
                     f"   broker {settings.CELERY_BROKER_URL.split('@')[-1]}",
                     f"  Hosts         {', '.join(host_list) or 'none'} (simulated)",
                     f"  Networks      {networking}",
+                    f"  Login         {demo_idp['line']}",
                     "",
                     *("  " + line for line in bootstrap.lines),
                     "",
@@ -113,10 +118,82 @@ class Command(BaseCommand):
         processes = topology(
             sys.executable, bind=bind, hosts=host_list, uris=uris, agent_args=agent_args
         )
+        if demo_idp["argv"]:
+            processes["demo-idp"] = demo_idp["argv"]
         for name, argv in processes.items():
-            manager.add_process(name, " ".join(_quote(a) for a in argv), env=env)
-        manager.loop()
+            manager.add_process(name, " ".join(_quote(a) for a in supervised(name, argv)), env=env)
+        try:
+            manager.loop()
+        finally:
+            cleanup(host_list, simulated_network=bool(agent_args))
         sys.exit(manager.returncode)
+
+
+def demo_federation(env: dict, base: str) -> dict:
+    """Unless an operator configured a federation (KUMO_SAML_METADATA_URL) or said
+    KUMO_DEMO_IDP=0: a demo SAML IdP (``tenants.federation.demo_idp``) as one more process,
+    its federation's signed aggregate loaded now, and ``env`` pointing the web process at
+    it, so "Log in with your institution" works from the first start."""
+    if settings.SAML_METADATA_URL:
+        return {"argv": None, "line": f"SAML federation {settings.SAML_METADATA_URL}"}
+    if os.environ.get("KUMO_DEMO_IDP") == "0":
+        return {"argv": None, "line": "password only (KUMO_DEMO_IDP=0)"}
+    from tenants.federation import metadata
+    from tenants.federation.demo_idp import DemoIdP
+
+    port = int(os.environ.get("KUMO_DEMO_IDP_PORT", "8700"))
+    host = base.split("//", 1)[1].rsplit(":", 1)[0]  # same site as the portal: cookies follow
+    workdir = settings.VAR_DIR / "demo-idp"
+    idp = DemoIdP(
+        base_url=f"http://{host}:{port}", workdir=workdir, sp_metadata_url=f"{base}/saml2/metadata/"
+    )
+    aggregate, cert = idp.write_federation()
+    env.update(
+        KUMO_BASE_URL=env.get("KUMO_BASE_URL") or base,
+        KUMO_SAML_METADATA_URL=str(aggregate),
+        KUMO_SAML_FEDERATION_CERT=str(cert),
+    )
+    settings.KUMO_BASE_URL = env["KUMO_BASE_URL"]
+    settings.SAML_METADATA_URL, settings.SAML_FEDERATION_CERT = str(aggregate), str(cert)
+    row = metadata.metadata_refresh()
+    argv = [
+        sys.executable, "-m", "tenants.federation.demo_idp", "--host", host, "--port", str(port),
+        "--workdir", str(workdir), "--sp-metadata-url", f"{base}/saml2/metadata/",
+    ]  # fmt: skip
+    line = (
+        f"demo IdP {idp.base_url}/ ({row.idp_count} institutions; "
+        '"Log in with your institution", Demo University, alice or bob)'
+    )
+    return {"argv": argv, "line": line}
+
+
+def supervised(name: str, argv: list[str]) -> list[str]:
+    """``argv`` under ``controlplane.supervise``: restarted with a backoff when it exits."""
+    return [sys.executable, "-m", "controlplane.supervise", name, "--", *argv]
+
+
+def cleanup(hosts: list[str], *, simulated_network: bool, prefix: str = "kumo-sim") -> list[str]:
+    """Remove what this run made on the machine once its processes are gone: every project
+    router's namespace (``kumo-r-<id>``, made by the gateway agent; only those of routers in
+    this run's database, so another run's are left alone) and the simulated fabric. Returns
+    the namespaces removed."""
+    import subprocess
+
+    from network.drivers.base import router_netns
+    from network.models import Router
+
+    if not simulated_network:
+        return []
+    from network import simfabric
+
+    removed = []
+    for router_id in Router.objects.values_list("pk", flat=True):
+        namespace = router_netns(router_id.hex)
+        if os.path.exists(f"/run/netns/{namespace}"):
+            subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
+            removed.append(namespace)
+    simfabric.remove(hosts, prefix=prefix)
+    return removed
 
 
 def _simulated_network(hosts: list[str]) -> tuple[dict[str, list[str]], str]:

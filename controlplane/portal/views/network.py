@@ -1,6 +1,7 @@
 """Networks (created with a subnet's CIDR), security groups and their rules, global IPs and
 DNAT port forwards; every write through ``network.services``."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -46,9 +47,32 @@ def networks(request, project):
     return page(
         request,
         "portal/network/networks.html",
-        {"networks": rows, "form": form},
+        {
+            "networks": rows,
+            "form": form,
+            "subnets": [s for network in rows for s in network.subnet_list],
+            "dns_domain": settings.DNS_DOMAIN,
+        },
         project=project,
         status=status,
+    )
+
+
+@require_POST
+@project_page()
+def subnet_dns(request, project, pk):
+    """Set the DNS servers a subnet's guests are told (comma- or space-separated; empty:
+    the network's own resolver)."""
+    subnet = get_object_or_404(Subnet.objects.for_project(project), pk=pk)
+    servers = request.POST.get("dns_servers", "").replace(",", " ").split()
+    told = ", ".join(servers) or "the network's own resolver"
+    return act(
+        request,
+        services.subnet_update,
+        done=f"Subnet {subnet.cidr}: guests are told {told}.",
+        back=reverse("portal:networks", kwargs={"slug": project.slug}),
+        subnet=subnet,
+        dns_servers=servers,
     )
 
 

@@ -1,6 +1,7 @@
 """VMs: the list (its rows poll for live state), launching from a template, a VM's detail
 (state, spot notice, GPUs and their NUMA cells, NCCL topology, events) and its actions."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -24,6 +25,8 @@ ACTIONS = {
     "start": services.vm_start,
     "stop": services.vm_stop,
     "reboot": services.vm_reboot,
+    "reset": services.vm_reset,
+    "power_off": services.vm_power_off,
     "delete": services.vm_delete,
 }
 
@@ -32,7 +35,9 @@ def allowed_actions(vm: VirtualMachine) -> set[str]:
     """The buttons to offer: what ``compute.services.vms.ACTIONS`` allows in the VM's state
     (only delete while another action is in flight). The service decides again on POST."""
     allowed = vms_service.ACTIONS.get(vm.state, set())
-    return allowed & {"delete"} if vm.task_state else allowed
+    if not vm.task_state:
+        return allowed
+    return {a for a in allowed if vm.task_state in vms_service.OVERRULES.get(a, ())}
 
 
 def _vms(project):
@@ -166,6 +171,39 @@ def vm_detail(request, project, pk):
 
 
 @project_page()
+def vm_console_log(request, project, pk):
+    """The last 64 KiB of the guest's serial console, asked of its host (waits a few
+    seconds at most; then says the host has not answered yet)."""
+    from compute.api.views import wait_for_operation
+    from controlplane.errors import Conflict
+    from tenants.choices import Role
+
+    vm = _vm(project, pk)
+    output, problem = "", ""
+    if not Role.at_least(request.membership.role, Role.MEMBER):
+        problem = "Only members of the project may read a VM's console."
+    else:
+        try:
+            operation = services.vm_console_log(vm=vm, max_bytes=65536, actor=request.user)
+        except Conflict as e:
+            problem = e.message
+        else:
+            done = wait_for_operation(operation, settings.CONSOLE_LOG_WAIT_S)
+            if done is None:
+                problem = "The VM's host has not answered yet; reload in a moment."
+            elif done.state != "succeeded":
+                problem = f"The VM's host could not read the console: {done.error_message}"
+            else:
+                output = done.result.get("output", "")
+    return page(
+        request,
+        "portal/vms/console_log.html",
+        {"vm": vm, "output": output, "problem": problem},
+        project=project,
+    )
+
+
+@project_page()
 def vm_state(request, project, pk):
     """The detail page's state panel alone (polled): state, task, power, spot notice."""
     return page(
@@ -188,7 +226,7 @@ def vm_action(request, project, pk, action):
     return act(
         request,
         ACTIONS[action],
-        done=f"{action.capitalize()} of VM {vm.name} requested.",
+        done=f"{action.replace('_', '-').capitalize()} of VM {vm.name} requested.",
         back=back,
         vm=vm,
         actor=request.user,

@@ -1,0 +1,152 @@
+"""A host's cache of images, keyed by checksum. No Django here.
+
+A guest's root disk is a qcow2 overlay on its image's cached copy. ``ImageCache.ensure``
+gives the path of a verified copy:
+
+- the copy is ``<root>/<sha256 hex>``; it is fetched (the URL the controller put in the
+  guest's ``VmApply``: ``http(s)://`` or ``file://``) into ``<root>/.partial/<hex>.<pid>.<n>``,
+  verified (size and SHA-256), then renamed into place: a failed or corrupt fetch leaves
+  nothing under the final name, and nothing in ``.partial`` either;
+- one fetch per checksum at a time, across threads and processes (an exclusive ``flock`` on
+  ``<root>/.locks/<hex>``): a second guest needing the same image waits and then finds it;
+- every ``ensure`` re-hashes the cached copy before answering, so a copy corrupted on disk
+  is caught: it is discarded and fetched once more; a fetch that again does not match
+  raises ``ImageChecksumMismatch`` (the agent reports it as the VM's error).
+
+Copies stay until an operator removes them (a copy no guest uses may be deleted at any
+time: the next guest fetches it again).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import logging
+import os
+import re
+import urllib.request
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+_HEX = re.compile(r"^sha256:([0-9a-f]{64})$")
+_seq = itertools.count()
+
+
+class ImageCacheError(Exception):
+    """The image could not be made available on this host."""
+
+
+class ImageChecksumMismatch(ImageCacheError):
+    pass
+
+
+def _hex(checksum: str) -> str:
+    match = _HEX.match(checksum)
+    if match is None:
+        raise ImageCacheError(f"unusable image checksum {checksum!r} (want sha256:<64 hex>)")
+    return match.group(1)
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """``(sha256:<hex>, size)`` of the file at ``path``, read in chunks."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return "sha256:" + sha.hexdigest(), size
+
+
+def urlopen(url: str, timeout: float):
+    """Open ``url`` for reading (``http(s)://``, ``file://``); the default fetcher."""
+    if not url.startswith(("http://", "https://", "file://")):
+        raise ImageCacheError(f"cannot fetch an image from {url!r}")
+    return urllib.request.urlopen(url, timeout=timeout)
+
+
+class ImageCache:
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        opener: Callable[[str, float], object] = urlopen,
+        timeout_s: float = 60.0,
+    ):
+        self.root = Path(root)
+        self.opener = opener
+        self.timeout_s = timeout_s
+
+    def path(self, checksum: str) -> Path:
+        return self.root / _hex(checksum)
+
+    @contextmanager
+    def _lock(self, hex_: str):
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / hex_, "a+") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def ensure(self, *, checksum: str, size: int, url: str) -> Path:
+        """The path of this host's verified copy of the image ``checksum`` (``size`` bytes,
+        fetched from ``url`` if the cache lacks it or holds it corrupted)."""
+        hex_ = _hex(checksum)
+        final = self.root / hex_
+        with self._lock(hex_):
+            if final.exists():
+                actual, actual_size = file_sha256(final)
+                if actual == checksum and actual_size == size:
+                    return final
+                log.warning(
+                    "image cache: %s is corrupt (%s, %d bytes); fetching it again",
+                    final,
+                    actual,
+                    actual_size,
+                )
+                final.unlink()
+            self._fetch(url, final, checksum=checksum, size=size)
+            return final
+
+    def _fetch(self, url: str, final: Path, *, checksum: str, size: int) -> None:
+        partial_dir = self.root / ".partial"
+        partial_dir.mkdir(parents=True, exist_ok=True)
+        partial = partial_dir / f"{final.name}.{os.getpid()}.{next(_seq)}"
+        sha = hashlib.sha256()
+        received = 0
+        try:
+            try:
+                source = self.opener(url, self.timeout_s)
+            except OSError as e:
+                raise ImageCacheError(f"fetching image {checksum}: {e}") from e
+            with source, open(partial, "wb") as out:
+                while chunk := source.read(CHUNK):
+                    received += len(chunk)
+                    if received > size:
+                        raise ImageChecksumMismatch(
+                            f"image {checksum}: more than the expected {size} bytes arrived"
+                        )
+                    sha.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = "sha256:" + sha.hexdigest()
+            if received != size or actual != checksum:
+                raise ImageChecksumMismatch(
+                    f"image checksum mismatch: expected {checksum} ({size} bytes), "
+                    f"fetched {actual} ({received} bytes)"
+                )
+            os.replace(partial, final)
+            log.info("image cache: fetched %s (%d bytes)", final, received)
+        except OSError as e:
+            raise ImageCacheError(f"fetching image {checksum}: {e}") from e
+        finally:
+            partial.unlink(missing_ok=True)

@@ -1,0 +1,287 @@
+"""Guaranteed minimums hold capacity (mdx's Rmin), as placement and operators see them.
+
+A project's guarantee (``CapacityGuarantee``: ``min_gpus`` of ``gpu_model``, and
+``min_vcpus``) is capacity the project gets whenever it asks. What that means here:
+
+- **Headroom.** A project's headroom is its minimum less what its own on-demand VMs hold
+  (never below 0). Other projects' on-demand VMs never take it: an on-demand request of
+  project P for ``g`` GPUs of model M is admitted only if
+
+      on-demand GPUs of M held by everyone + g + headroom of every other project on M
+      <= GPUs of M on hosts that are up
+
+  (the same for vCPUs against the vCPUs of the hosts that are up). Spot VMs do not count:
+  they may run in the headroom, and the guaranteed project's on-demand request evicts them
+  with their full notice (``compute.services.spot.preempt_for``), as it evicts any spot VM.
+  ``admission_refusal`` is asked by ``compute.placement.place`` and by ``preempt_for``, so
+  a refused request neither takes free GPUs nor evicts anyone for them: it waits.
+- **Never over-promised.** ``guarantee_set`` refuses (409, saying by how much) a minimum
+  that makes the sum of the minimums of a model exceed that model's GPUs in the fleet
+  (every host that is not down: draining and maintenance hosts come back), or the sum of
+  vCPU minimums exceed the fleet's vCPUs. On PostgreSQL it holds a transaction advisory
+  lock, so two concurrent settings are decided one after the other.
+- **Broken by a host.** A host going down or into maintenance can leave the hosts that
+  are up with fewer GPUs of a model than the minimums promise: ``guarantees_check`` (after
+  every host state change) records an audit event ``capacity.guarantee_at_risk`` for
+  operators and tells each guaranteed project of that model (an event), once per change.
+
+Concurrency: admissions of one GPU model are serialised by a transaction advisory lock on
+PostgreSQL, taken only while some guarantee of that model exists (the fleet without
+guarantees places as fast as before). On SQLite writers are serialised anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+from django.db import connection, transaction
+from django.db.models import Q, Sum
+
+from compute.choices import DeviceKind, HostState, Priority, VmState
+from compute.models import CapacityGuarantee, Device, Host, VirtualMachine
+from controlplane import audit, events
+from controlplane.errors import Conflict, InvalidInput
+
+log = logging.getLogger(__name__)
+
+# States in which an on-demand VM holds (or is about to hold) its GPUs and vCPUs.
+HOLDING = [
+    VmState.PROVISIONING,
+    VmState.RUNNING,
+    VmState.STOPPED,
+    VmState.ERROR,
+    VmState.SHELVING,
+]
+_SET_LOCK = "kumo.guarantee.set"
+
+
+def _advisory_lock(name: str) -> None:
+    """A transaction-scoped lock on ``name`` (PostgreSQL); nothing elsewhere (SQLite
+    serialises writers)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [zlib.crc32(name.encode())])
+
+
+# --- the fleet ---------------------------------------------------------------------------------
+
+
+def fleet_gpus(*, up_only: bool) -> dict[str, int]:
+    """GPUs present per model on hosts that are up (``up_only``) or not down."""
+    hosts = (
+        Host.objects.filter(state=HostState.UP)
+        if up_only
+        else Host.objects.exclude(state=HostState.DOWN)
+    )
+    rows = (
+        Device.objects.filter(kind=DeviceKind.GPU, present=True, host__in=hosts)
+        .values_list("model")
+        .order_by()
+    )
+    counts: dict[str, int] = {}
+    for (model,) in rows:
+        counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
+def fleet_vcpus(*, up_only: bool) -> int:
+    hosts = (
+        Host.objects.filter(state=HostState.UP)
+        if up_only
+        else Host.objects.exclude(state=HostState.DOWN)
+    )
+    return sum(h.vcpus_capacity for h in hosts.only("vcpus", "cpu_allocation_ratio"))
+
+
+# --- setting -----------------------------------------------------------------------------------
+
+
+def guarantee_set(
+    *, project, min_gpus: int, gpu_model: str = "", min_vcpus: int = 0, actor=None
+) -> CapacityGuarantee:
+    """Set ``project``'s guaranteed minimum (operators); all zero removes it. ``gpu_model``
+    may be left empty when the fleet has one GPU model. Refused with 409 when the minimums
+    of that model (or of vCPUs) would add up to more than the fleet holds."""
+    if min_gpus < 0 or min_vcpus < 0:
+        raise InvalidInput.field("min_gpus", "must be 0 or more")
+    with transaction.atomic():
+        _advisory_lock(_SET_LOCK)
+        fleet = fleet_gpus(up_only=False)
+        if min_gpus and not gpu_model:
+            if len(fleet) != 1:
+                raise InvalidInput.field(
+                    "gpu_model", f"name one of the fleet's GPU models: {', '.join(sorted(fleet))}"
+                )
+            gpu_model = next(iter(fleet))
+        others = CapacityGuarantee.objects.exclude(project=project)
+        if min_gpus:
+            promised = (
+                others.filter(gpu_model=gpu_model).aggregate(n=Sum("min_gpus"))["n"] or 0
+            ) + min_gpus
+            have = fleet.get(gpu_model, 0)
+            if promised > have:
+                raise Conflict(
+                    f"guaranteed minimums of {gpu_model} would add up to {promised} GPUs; "
+                    f"the fleet has {have}: {promised - have} too many",
+                    code="over_promised",
+                    details={"min_gpus": [f"exceeds the fleet by {promised - have}"]},
+                )
+        if min_vcpus:
+            promised = (others.aggregate(n=Sum("min_vcpus"))["n"] or 0) + min_vcpus
+            have = fleet_vcpus(up_only=False)
+            if promised > have:
+                raise Conflict(
+                    f"guaranteed vCPU minimums would add up to {promised}; the fleet has "
+                    f"{have}: {promised - have} too many",
+                    code="over_promised",
+                    details={"min_vcpus": [f"exceeds the fleet by {promised - have}"]},
+                )
+        current = CapacityGuarantee.objects.select_for_update().filter(project=project).first()
+        before = (
+            {
+                "min_gpus": current.min_gpus,
+                "gpu_model": current.gpu_model,
+                "min_vcpus": current.min_vcpus,
+            }
+            if current
+            else {"min_gpus": 0, "gpu_model": "", "min_vcpus": 0}
+        )
+        after = {
+            "min_gpus": min_gpus,
+            "gpu_model": gpu_model if min_gpus else "",
+            "min_vcpus": min_vcpus,
+        }
+        if current is None:
+            current = CapacityGuarantee(project=project)
+        for name, value in after.items():
+            setattr(current, name, value)
+        current.save()
+        if before != after:
+            audit.record(
+                "capacity_guarantee.update",
+                current,
+                project=project,
+                detail={
+                    k: {"from": before[k], "to": after[k]} for k in after if before[k] != after[k]
+                },
+            )
+        return current
+
+
+# --- admission -----------------------------------------------------------------------------------
+
+
+def _headroom(guarantees, used: dict[int, int], project_id: int) -> int:
+    return sum(
+        max(0, minimum - used.get(pid, 0)) for pid, minimum in guarantees if pid != project_id
+    )
+
+
+def admission_refusal(vm: VirtualMachine) -> str:
+    """Why ``vm`` (an on-demand request) may not take capacity now: other projects'
+    guaranteed headroom would be taken; empty when it may. Spot VMs are always admitted
+    (they only ever borrow the headroom)."""
+    if vm.priority != Priority.ON_DEMAND:
+        return ""
+    if vm.gpus:
+        guarantees = list(
+            CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=vm.gpu_model).values_list(
+                "project_id", "min_gpus"
+            )
+        )
+        if guarantees and any(pid != vm.project_id for pid, _ in guarantees):
+            _advisory_lock(f"kumo.guarantee.gpu.{vm.gpu_model}")
+            used = _on_demand_use("gpus", Q(gpu_model=vm.gpu_model, gpus__gt=0), exclude=vm)
+            headroom = _headroom(guarantees, used, vm.project_id)
+            total = fleet_gpus(up_only=True).get(vm.gpu_model, 0)
+            taken = sum(used.values())
+            if taken + vm.gpus + headroom > total:
+                return (
+                    f"the free {vm.gpu_model} GPUs are guaranteed to other projects "
+                    f"({headroom} GPUs of headroom); waiting for capacity"
+                )
+    guarantees = list(
+        CapacityGuarantee.objects.filter(min_vcpus__gt=0).values_list("project_id", "min_vcpus")
+    )
+    if guarantees and any(pid != vm.project_id for pid, _ in guarantees):
+        _advisory_lock("kumo.guarantee.vcpu")
+        used = _on_demand_use("vcpus", Q(), exclude=vm)
+        headroom = _headroom(guarantees, used, vm.project_id)
+        if sum(used.values()) + vm.vcpus + headroom > fleet_vcpus(up_only=True):
+            return (
+                f"the free vCPUs are guaranteed to other projects ({headroom} vCPUs of "
+                "headroom); waiting for capacity"
+            )
+    return ""
+
+
+def _on_demand_use(field: str, where: Q, *, exclude: VirtualMachine) -> dict[int, int]:
+    rows = (
+        VirtualMachine.objects.filter(where, priority=Priority.ON_DEMAND, state__in=HOLDING)
+        .exclude(pk=exclude.pk)
+        .values("project_id")
+        .annotate(n=Sum(field))
+        .values_list("project_id", "n")
+        .order_by()
+    )
+    return {pid: n or 0 for pid, n in rows}
+
+
+# --- a host leaving service ------------------------------------------------------------------
+
+
+def guarantees_check(*, cause: str = "") -> list[str]:
+    """Record an alert for each GPU model whose guaranteed minimums now exceed the GPUs of
+    the hosts that are up (and for vCPUs); returns the models (``"vcpus"``) at risk.
+    Call in the transaction of the host state change that may have broken them."""
+    at_risk = []
+    up = fleet_gpus(up_only=True)
+    promised = (
+        CapacityGuarantee.objects.filter(min_gpus__gt=0)
+        .values("gpu_model")
+        .annotate(n=Sum("min_gpus"))
+        .values_list("gpu_model", "n")
+        .order_by()
+    )
+    for model, total in promised:
+        have = up.get(model, 0)
+        if total > have:
+            at_risk.append(model)
+            _alert(
+                model,
+                total,
+                have,
+                cause,
+                CapacityGuarantee.objects.filter(gpu_model=model, min_gpus__gt=0),
+            )
+    vcpus = CapacityGuarantee.objects.aggregate(n=Sum("min_vcpus"))["n"] or 0
+    if vcpus:
+        have = fleet_vcpus(up_only=True)
+        if vcpus > have:
+            at_risk.append("vcpus")
+            _alert("vcpus", vcpus, have, cause, CapacityGuarantee.objects.filter(min_vcpus__gt=0))
+    return at_risk
+
+
+def _alert(what: str, promised: int, have: int, cause: str, guarantees) -> None:
+    message = (
+        f"guaranteed minimums of {what} add up to {promised}; hosts in service have {have}"
+        + (f" ({cause})" if cause else "")
+    )
+    audit.record(
+        "capacity.guarantee_at_risk",
+        object_type="compute.capacityguarantee",
+        object_id=what,
+        object_repr=what,
+        detail={"what": what, "promised": promised, "in_service": have, "cause": cause},
+    )
+    for guarantee in guarantees.select_related("project"):
+        events.emit(
+            "capacity.guarantee_at_risk",
+            project=guarantee.project,
+            message=f"your guaranteed minimum may not be met now: {message}",
+            obj=guarantee,
+            payload={"what": what, "promised": promised, "in_service": have},
+        )
+    log.warning("capacity guarantee at risk: %s", message)

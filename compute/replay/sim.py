@@ -1,0 +1,500 @@
+"""The replay: a job trace through Kumo's own services on a simulated fleet, in virtual time.
+
+What is real and what is simulated:
+
+- **Real**: every decision and every write. Jobs become VMs through ``vm_create`` (quota,
+  guarantees' admission, placement and its claim, spot preemption and notices), leave
+  through ``vm_delete``; the periodic work beat would run is called when it would matter:
+  ``vm_schedule_pending`` whenever capacity was freed, ``evictions_reap`` at each notice's
+  deadline; hosts' answers go through ``vm_observed`` (the hand-over of evictions, usage
+  intervals, shelving). The database is a real one (PostgreSQL for the bench), throwaway.
+- **Simulated**: the clock and the hosts. ``django.utils.timezone.now`` answers the virtual
+  clock, which jumps from event to event and never sleeps. Messages to host agents are
+  captured instead of published; a simulated agent answers each ``vm_apply`` after a
+  realistic delay (boot ``boot_s``, stop ``stop_s``) with the power it reached.
+
+A job's life: submitted → its VM pending or placed (its wait ends at the claim) → booting
+(held) → running (work) → deleted when its work is done. A spot job evicted loses its work
+since its last checkpoint and is started again (``vm_start``), waiting like a new request.
+
+GPU-hours are integrated exactly over the event times, per category: on-demand work, spot
+work, held idle (claimed but not working: boots, notices' stop, deletions), free while a
+request waited (free GPUs while GPU requests are pending, up to their size), free, and
+stranded (free GPUs on hosts without the vCPUs or memory one more GPU needs, sampled every
+``sample_s``). They add up to the capacity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from compute.replay.trace import Job
+
+log = logging.getLogger(__name__)
+
+EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class _Vm:
+    job: Job
+    vm_id: str
+    placed_at: float | None = None
+    run_start: float | None = None
+    progress: float = 0.0  # checkpointed work, seconds
+    run: int = 0  # bumps on each start: stale job ends are ignored
+    claimed: bool = False
+    working: bool = False
+    host: str = ""
+    stop_sent_at: float | None = None
+
+
+@dataclass
+class Metrics:
+    gpus_total: int = 0
+    t: float = 0.0
+    od_work: float = 0.0
+    spot_work: float = 0.0
+    held_idle: float = 0.0
+    free: float = 0.0
+    free_waiting: float = 0.0
+    stranded: float = 0.0
+    spot_lost: float = 0.0
+    waits: list = field(default_factory=list)
+    evictions: int = 0
+    full_notice: int = 0
+    guarantee_samples: int = 0
+    guarantee_ok: int = 0
+    series: list = field(default_factory=list)  # (t, on-demand GPUs, spot GPUs)
+
+
+class Replay:
+    """One replay of ``jobs``. ``run()`` returns the figures (a dict)."""
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        *,
+        gpu_hosts: int = 40,
+        cpu_hosts: int = 8,
+        boot_s: float = 60.0,
+        stop_s: float = 10.0,
+        notice_s: int = 30,
+        guarantees: dict[str, int] | None = None,
+        sample_s: float = 600.0,
+        schedule_limit: int = 30,
+        progress=None,
+    ):
+        self.schedule_limit = schedule_limit
+        self.handled = 0  # events handled
+        self.jobs = jobs
+        self.gpu_hosts, self.cpu_hosts = gpu_hosts, cpu_hosts
+        self.boot_s, self.stop_s, self.notice_s = boot_s, stop_s, notice_s
+        self.guarantees = guarantees or {}
+        self.sample_s = sample_s
+        self.progress = progress or (lambda message: None)
+        self.now_s = 0.0
+        self.events: list = []
+        self.seq = itertools.count()
+        self.outbox: list = []
+        self.vms: dict[str, _Vm] = {}
+        self.pending: dict[str, int] = {}  # vm id -> GPUs, while waiting for a claim
+        self.reaps: set = set()
+        self.m = Metrics()
+        self.od_gpus = self.spot_gpus = self.held_gpus = 0
+
+    # -- the clock and the agents ------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.now_s)
+
+    def _at(self, t: float, kind: str, *data) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, data))
+
+    def _capture(self, name, kwargs=None, queue="", **_):
+        self.outbox.append((queue, name, kwargs or {}))
+
+    def _drain(self) -> None:
+        """The simulated agents receive what the services sent and answer later."""
+        from compute.protocol import VM_APPLY_TASK
+
+        while self.outbox:
+            queue, name, kwargs = self.outbox.pop(0)
+            if name != VM_APPLY_TASK:
+                continue
+            host = queue.removeprefix("host.")
+            desired = kwargs["desired"]
+            vm = self.vms.get(kwargs["vm_id"])
+            if desired == "running":
+                power, delay = "running", self.boot_s
+                if vm is not None and vm.placed_at is None:
+                    vm.placed_at = self.now_s
+                    self._claimed(vm, host)
+            elif desired == "stopped":
+                power, delay = "shutoff", self.stop_s
+                if vm is not None:
+                    self._stop_began(vm)
+            else:
+                power, delay = "absent", self.stop_s
+            self._at(
+                self.now_s + delay, "report", host, kwargs["vm_id"], kwargs["generation"], power
+            )
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.m.t
+        if dt > 0:
+            m = self.m
+            od, spot, held = self.od_gpus, self.spot_gpus, self.held_gpus
+            m.od_work += od * dt
+            m.spot_work += spot * dt
+            m.held_idle += held * dt
+            free = m.gpus_total - od - spot - held
+            waiting = min(free, sum(self.pending.values()))
+            m.free_waiting += waiting * dt
+            m.free += (free - waiting) * dt
+            m.t = t
+        self.now_s = t
+
+    def _mark(self) -> None:
+        self.m.series.append((self.now_s, self.od_gpus, self.spot_gpus))
+
+    def _claimed(self, vm: _Vm, host: str) -> None:
+        self.pending.pop(vm.vm_id, None)
+        vm.claimed, vm.host = True, host
+        self.held_gpus += vm.job.gpus
+        if vm.job.priority == "on_demand" and vm.job.gpus:
+            self.m.waits.append(self.now_s - vm.job.submit_s)
+
+    def _work_started(self, vm: _Vm) -> None:
+        vm.working, vm.run_start = True, self.now_s
+        vm.run += 1
+        self.held_gpus -= vm.job.gpus
+        if vm.job.priority == "on_demand":
+            self.od_gpus += vm.job.gpus
+        else:
+            self.spot_gpus += vm.job.gpus
+        self._at(self.now_s + vm.job.duration_s - vm.progress, "end", vm.vm_id, vm.run)
+        self._mark()
+
+    def _work_stopped(self, vm: _Vm) -> None:
+        if not vm.working:
+            return
+        vm.working = False
+        if vm.job.priority == "on_demand":
+            self.od_gpus -= vm.job.gpus
+        else:
+            self.spot_gpus -= vm.job.gpus
+        self.held_gpus += vm.job.gpus
+        self._mark()
+
+    def _stop_began(self, vm: _Vm) -> None:
+        """Its guest is told to stop (an eviction's notice ended): its work since its last
+        checkpoint is lost."""
+        vm.stop_sent_at = self.now_s
+        if not vm.working:
+            return
+        done = self.now_s - vm.run_start
+        kept = (done // vm.job.checkpoint_s) * vm.job.checkpoint_s
+        self.m.spot_lost += (done - kept) * vm.job.gpus
+        vm.progress += kept
+        vm.run += 1  # its scheduled end no longer holds
+        self._work_stopped(vm)
+
+    def _released(self, vm: _Vm) -> None:
+        if vm.claimed:
+            vm.claimed = False
+            self.held_gpus -= vm.job.gpus
+            self._mark()
+
+    # -- the replay ----------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        from compute import services as compute
+        from compute.drivers import simnode
+        from compute.models import Template
+        from compute.protocol import inventory_payload
+        from tenants import services as tenants
+        from tenants.models import User
+
+        now = self.now()
+        for n in range(self.gpu_hosts):
+            name = f"gpu-{n:03d}"
+            compute.host_heartbeat(host=name, payload={}, sent_at=now)
+            compute.inventory_reported(
+                host=name, payload=inventory_payload(simnode.host_inventory("gpu")), sent_at=now
+            )
+        for n in range(self.cpu_hosts):
+            name = f"cpu-{n:03d}"
+            compute.host_heartbeat(host=name, payload={}, sent_at=now)
+            compute.inventory_reported(
+                host=name, payload=inventory_payload(simnode.host_inventory("cpu")), sent_at=now
+            )
+        from compute.models import Device
+
+        self.m.gpus_total = Device.objects.filter(kind="gpu", present=True).count()
+        owner = User.objects.create(username="replay")
+        big = {"vms": 10**6, "vcpus": 10**8, "memory_gib": 10**9, "gpus": 10**6}
+        self.projects = {}
+        for slug in sorted({j.project for j in self.jobs} | set(self.guarantees)):
+            self.projects[slug] = tenants.project_create(
+                slug=slug, name=slug, owner=owner, quota=big
+            )
+        for slug, gpus in self.guarantees.items():
+            compute.guarantee_set(project=self.projects[slug], min_gpus=gpus)
+        self.image = compute.image_create(
+            name="replay",
+            os_distro="ubuntu",
+            format="qcow2",
+            location="/var/lib/kumo/images/replay.qcow2",
+            checksum="sha256:" + "0" * 64,
+        )
+        self.templates = {}
+        for j in self.jobs:
+            key = (j.gpus, j.gpu_model, j.vcpus, j.memory_gib)
+            if key not in self.templates:
+                self.templates[key] = Template.objects.filter(
+                    name=f"r{len(self.templates)}"
+                ).first() or compute.template_create(
+                    name=f"r{len(self.templates)}",
+                    vcpus=j.vcpus,
+                    memory_gib=j.memory_gib,
+                    gpus=j.gpus,
+                    gpu_model=j.gpu_model,
+                    disk_gib=40,
+                    eviction_notice_s=self.notice_s,
+                )
+
+    def run(self) -> dict:
+        from unittest import mock
+
+        from django.utils import timezone
+
+        from controlplane.celery import app
+
+        wall = time.monotonic()
+        with (
+            mock.patch.object(timezone, "now", self.now),
+            mock.patch.object(app, "send_task", self._capture),
+        ):
+            self._setup()
+            for job in self.jobs:
+                self._at(job.submit_s, "submit", job)
+            end = max((j.submit_s for j in self.jobs), default=0.0)
+            t = self.sample_s
+            while t <= end:
+                self._at(t, "sample")
+                t += self.sample_s
+            done = 0
+            while self.events:
+                t, _seq, kind, data = heapq.heappop(self.events)
+                self._advance(t)
+                getattr(self, f"_on_{kind}")(*data)
+                self._drain()
+                done += kind == "submit"
+                self.handled += 1
+                if kind == "sample" and int(t) % 86400 < self.sample_s:
+                    self.progress(f"day {t / 86400:.0f}: {done} jobs submitted")
+        return self._figures(time.monotonic() - wall)
+
+    def _after_decisions(self) -> None:
+        """Notices given by the last service call: reap each at its deadline."""
+        from compute.choices import VmState, VmTask
+        from compute.models import VirtualMachine
+
+        for pk, deadline in VirtualMachine.objects.filter(
+            state=VmState.EVICTING, task_state=VmTask.NONE
+        ).values_list("pk", "eviction_deadline"):
+            if pk not in self.reaps:
+                self.reaps.add(pk)
+                self._at(max(self.now_s, (deadline - EPOCH).total_seconds()), "reap")
+
+    def _on_submit(self, job: Job) -> None:
+        from compute import services as compute
+
+        vm, _ = compute.vm_create(
+            project=self.projects[job.project],
+            name=f"j{job.index}",
+            template=self.templates[(job.gpus, job.gpu_model, job.vcpus, job.memory_gib)],
+            image=self.image,
+            priority=job.priority,
+        )
+        record = _Vm(job=job, vm_id=str(vm.pk))
+        self.vms[record.vm_id] = record
+        if job.gpus:
+            self.pending[record.vm_id] = job.gpus
+        self._after_decisions()
+
+    def _on_reap(self) -> None:
+        from compute.services import spot
+
+        spot.evictions_reap(now=self.now())
+
+    def _on_end(self, vm_id: str, run: int) -> None:
+        from compute import services as compute
+        from compute.models import VirtualMachine
+
+        vm = self.vms[vm_id]
+        if run != vm.run or not vm.working:
+            return  # evicted meanwhile
+        self._work_stopped(vm)
+        compute.vm_delete(vm=VirtualMachine.objects.select_related("project", "host").get(pk=vm_id))
+
+    def _on_report(self, host: str, vm_id: str, generation: int, power: str) -> None:
+        from compute import services as compute
+        from compute.choices import VmState
+
+        vm = compute.vm_observed(
+            host=host,
+            payload={"vm_id": vm_id, "generation": generation, "power": power, "ok": True},
+            sent_at=self.now(),
+        )
+        record = self.vms.get(vm_id)
+        if record is None:
+            return
+        state = vm.state if vm is not None else None
+        if state is None:
+            from compute.models import VirtualMachine
+
+            state = VirtualMachine.objects.filter(pk=vm_id).values_list("state", flat=True).first()
+        freed = False
+        if state == VmState.RUNNING and not record.working and record.claimed:
+            self._work_started(record)
+        elif state == VmState.DELETED:
+            self._released(record)
+            freed = True
+        if record.job.priority == "spot":
+            freed |= self._evictions_done()
+        if freed:
+            compute.vm_schedule_pending(limit=self.schedule_limit)
+            self._after_decisions()
+
+    def _evictions_done(self) -> bool:
+        """Spot VMs the last report evicted: counted, released, and started again."""
+        from compute import services as compute
+        from compute.choices import VmState
+        from compute.models import VirtualMachine
+
+        evicted = list(
+            VirtualMachine.objects.filter(state=VmState.EVICTED, evicted_at=self.now())
+            .select_related("project")
+            .order_by("pk")
+        )
+        for vm in evicted:
+            record = self.vms[str(vm.pk)]
+            self.m.evictions += 1
+            # Full notice: the notice was the template's, and the stop came at its end.
+            noticed = (vm.eviction_deadline - vm.eviction_notice_at).total_seconds()
+            deadline = (vm.eviction_deadline - EPOCH).total_seconds()
+            stopped = record.stop_sent_at if record.stop_sent_at is not None else -1.0
+            if noticed >= self.notice_s and stopped + 1e-6 >= deadline:
+                self.m.full_notice += 1
+            record.stop_sent_at = None
+            self._work_stopped(record)
+            self._released(record)
+            record.placed_at = None
+            compute.vm_start(vm=vm)
+            self.pending[record.vm_id] = record.job.gpus
+        return bool(evicted)
+
+    def _on_sample(self) -> None:
+        from django.db.models import Count, Sum
+
+        from compute.choices import DeviceKind, VmState
+        from compute.models import Device, Host, VirtualMachine
+
+        # Stranded: free GPUs on hosts lacking the vCPUs or memory of one more GPU.
+        free = dict(
+            Device.objects.filter(kind=DeviceKind.GPU, vm__isnull=True, present=True)
+            .values("host_id")
+            .annotate(n=Count("pk"))
+            .values_list("host_id", "n")
+            .order_by()
+        )
+        for pk, vcpus, vused, mem, mused in Host.objects.filter(pk__in=list(free)).values_list(
+            "pk", "vcpus", "vcpus_used", "memory_mib", "memory_mib_used"
+        ):
+            if vcpus - vused < 16 or mem - mused < 57 * 1024:
+                self.m.stranded += free[pk] * self.sample_s
+        # Guarantees: others' on-demand GPUs never took the guaranteed headroom.
+        if self.guarantees:
+            ids = {self.projects[s].pk: g for s, g in self.guarantees.items()}
+            used = dict(
+                VirtualMachine.objects.filter(priority="on_demand", gpus__gt=0, host__isnull=False)
+                .exclude(state=VmState.DELETED)
+                .values("project_id")
+                .annotate(n=Sum("gpus"))
+                .values_list("project_id", "n")
+                .order_by()
+            )
+            headroom = sum(max(0, g - used.get(p, 0)) for p, g in ids.items())
+            taken = sum(used.values())
+            self.m.guarantee_samples += 1
+            self.m.guarantee_ok += taken + headroom <= self.m.gpus_total
+
+    def _figures(self, wall_s: float) -> dict:
+        m = self.m
+        hours = 3600.0
+        capacity = m.gpus_total * m.t / hours
+        waits = sorted(m.waits)
+
+        def pct(p):
+            return round(waits[max(0, -(-len(waits) * p // 100) - 1)], 1) if waits else 0.0
+
+        work = (m.od_work + m.spot_work) / hours
+        lost = m.spot_lost / hours
+        days = m.t / 86400
+        return {
+            "jobs": len(self.jobs),
+            "simulated_days": round(days, 3),
+            "capacity_gpu_h": round(capacity, 1),
+            "on_demand_gpu_h": round(m.od_work / hours, 1),
+            "spot_gpu_h": round(m.spot_work / hours, 1),
+            "held_idle_gpu_h": round(m.held_idle / hours, 1),
+            "free_while_waiting_gpu_h": round(m.free_waiting / hours, 1),
+            "free_gpu_h": round(m.free / hours, 1),
+            "stranded_gpu_h": round(m.stranded / hours, 1),
+            "goodput": round((work - lost) / capacity, 4) if capacity else 0.0,
+            "allocated": round((work + m.held_idle / hours) / capacity, 4) if capacity else 0.0,
+            "spot_lost_gpu_h": round(lost, 1),
+            "on_demand_wait_p50_s": pct(50),
+            "on_demand_wait_p99_s": pct(99),
+            "evictions": m.evictions,
+            "evictions_full_notice": round(m.full_notice / m.evictions, 4) if m.evictions else 1.0,
+            "guarantees_honoured": round(m.guarantee_ok / m.guarantee_samples, 4)
+            if m.guarantee_samples
+            else None,
+            "leases_honoured": None,  # leases are not built yet: nothing to honour
+            "wall_s": round(wall_s, 1),
+            "simulated_days_per_wall_minute": round(days / (wall_s / 60), 2) if wall_s else None,
+        }
+
+    def plot(self, path: str) -> None:
+        """A PNG of allocated GPUs over time by priority (matplotlib, no display)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        if not self.m.series:
+            return
+        t = [p[0] / 86400 for p in self.m.series]
+        od = [p[1] for p in self.m.series]
+        spot = [p[1] + p[2] for p in self.m.series]
+        fig, ax = plt.subplots(figsize=(11, 4))
+        ax.fill_between(t, 0, od, step="post", label="on-demand", color="#1f77b4")
+        ax.fill_between(t, od, spot, step="post", label="spot", color="#ff7f0e")
+        ax.axhline(self.m.gpus_total, color="black", lw=0.8, ls="--", label="capacity")
+        ax.set_xlabel("simulated day")
+        ax.set_ylabel("GPUs doing tenant work")
+        ax.set_xlim(0, max(t))
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

@@ -1,0 +1,270 @@
+"""The read path of list and detail answers, without the work that does not serve the reader.
+
+For a page of 100 rows, DRF's ``ModelSerializer`` spends most of a request building its
+fields again for every request (``get_fields`` introspects the model each time) and the ORM
+builds a model object per row that the serializer only reads a few columns of. A *read plan*
+does that work once per serializer class: for each field it keeps the column it reads (a
+column of the model, or of a model one or more foreign keys away) and the field's own
+``to_representation``. A list or detail answer then reads exactly those columns with
+``QuerySet.values()`` and converts each value with the very function DRF would have used, so
+the JSON is the same, byte for byte (``tests/controlplane/test_fastread.py`` compares both
+paths on every list endpoint with seeded rows).
+
+A serializer gets no plan, and keeps DRF's path, when any field is more than a column read: a
+method field, a nested serializer, a many-to-many relation, a source that is a property or
+``*``, or a class that overrides ``to_representation``. Nothing is guessed: a field the
+planner does not understand means no plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
+from django.utils import timezone
+from rest_framework import ISO_8601, relations, serializers
+from rest_framework.generics import get_object_or_404
+from rest_framework.settings import api_settings
+
+_NO_PLAN = object()
+_DATETIME = object()  # a DateTimeField in ISO 8601, converted in the answer's time zone
+_plans: dict[type, ReadPlan | None] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """How to answer with a serializer class from ``values()`` rows."""
+
+    #: (output name, values() path, converter or None for "as it is")
+    fields: tuple[tuple[str, str, Callable[[Any], Any] | None], ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(path for _, path, _ in self.fields))
+
+    def render(self, row: dict) -> dict:
+        return self.render_many((row,))[0]
+
+    def render_many(self, rows: Iterable[dict]) -> list[dict]:
+        # Converters that depend on the request's time zone are bound once per answer.
+        tz = timezone.get_current_timezone()
+        fields = [
+            (name, path, _iso_datetime(tz) if convert is _DATETIME else convert)
+            for name, path, convert in self.fields
+        ]
+        return [
+            {
+                name: value if (value := row[path]) is None or convert is None else convert(value)
+                for name, path, convert in fields
+            }
+            for row in rows
+        ]
+
+
+class PlannedData:
+    """What ``get_serializer`` returns on the read path: its ``data`` is the answer."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data) -> None:
+        self.data = data
+
+
+def plan_for(serializer_class: type[serializers.BaseSerializer]) -> ReadPlan | None:
+    """The read plan of ``serializer_class``, or None when it must keep DRF's path."""
+    plan = _plans.get(serializer_class, _NO_PLAN)
+    if plan is _NO_PLAN:
+        plan = _plans[serializer_class] = _compile(serializer_class)
+    return plan
+
+
+def _compile(serializer_class) -> ReadPlan | None:
+    if not issubclass(serializer_class, serializers.ModelSerializer):
+        return None
+    if serializer_class.to_representation is not serializers.Serializer.to_representation:
+        return None
+    model = serializer_class.Meta.model
+    fields = []
+    for name, field in serializer_class().fields.items():
+        if field.write_only:
+            continue
+        planned = _plan_field(model, field)
+        if planned is None:
+            return None
+        fields.append((name, *planned))
+    return ReadPlan(fields=tuple(fields))
+
+
+def _column_path(model, attrs: list[str]) -> tuple[str, bool] | None:
+    """The ``values()`` path of ``attrs`` read from ``model`` (forward foreign keys, then a
+    concrete column) and whether it crosses a nullable foreign key. None for anything else:
+    properties, methods, reverse or many-to-many relations, a relation as the value."""
+    path, nullable = [], False
+    for i, attr in enumerate(attrs):
+        try:
+            field = model._meta.get_field(attr)
+        except FieldDoesNotExist:
+            return None
+        if not field.concrete or field.many_to_many or field.one_to_many:
+            return None
+        if field.is_relation:
+            if i == len(attrs) - 1:
+                return None
+            nullable = nullable or field.null
+            model = field.related_model
+        path.append(field.name)
+    return "__".join(path), nullable
+
+
+def _plan_field(model, field) -> tuple[str, Callable | None] | None:
+    """(values() path, converter) for one serializer field, or None: no plan."""
+    if isinstance(field, serializers.BaseSerializer | relations.ManyRelatedField):
+        return None
+    if field.source == "*" or isinstance(field, serializers.SerializerMethodField):
+        return None
+    attrs = field.source.split(".")
+    if isinstance(field, relations.RelatedField):
+        # Only a foreign key of the model itself, shown as its pk or one slug column.
+        try:
+            fk = model._meta.get_field(attrs[0])
+        except FieldDoesNotExist:
+            return None
+        if len(attrs) != 1 or not fk.concrete or not (fk.many_to_one or fk.one_to_one):
+            return None
+        if type(field) is relations.PrimaryKeyRelatedField and field.pk_field is None:
+            return fk.attname, None  # DRF answers the related object's pk: the column
+        slug = type(field).to_representation is relations.SlugRelatedField.to_representation
+        if isinstance(field, relations.SlugRelatedField) and slug and "." not in field.slug_field:
+            return f"{fk.name}__{field.slug_field}", None
+        return None
+    if type(field).get_attribute is not serializers.Field.get_attribute:
+        return None
+    found = _column_path(model, attrs)
+    if found is None:
+        return None
+    path, nullable = found
+    if nullable and (not field.allow_null or field.default is not serializers.empty):
+        return None  # DRF would answer the default, or leave the field out, on a null relation
+    return path, _converter(model, attrs, field)
+
+
+def _converter(model, attrs: list[str], field) -> Callable | object | None:
+    """The field's ``to_representation``, or a faster function that gives the same answer
+    for the values the column can hold (None: the value as it is)."""
+    shows = type(field).to_representation  # the function DRF would call
+    column = _column(model, attrs)
+    text = isinstance(column, models.CharField | models.TextField) and not column.choices
+    if shows is serializers.CharField.to_representation and text:
+        return None  # str(value) of a str
+    if shows is serializers.ChoiceField.to_representation and all(
+        isinstance(k, str) for k in field.choices
+    ):
+        return None  # every choice is its own string, as the column holds it
+    if shows is serializers.IntegerField.to_representation and isinstance(
+        column, models.IntegerField
+    ):
+        return None  # int(value) of an int
+    if shows is serializers.BooleanField.to_representation and isinstance(
+        column, models.BooleanField
+    ):
+        return None
+    if shows is serializers.JSONField.to_representation and not field.binary:
+        return None
+    if (
+        shows is serializers.DateTimeField.to_representation
+        and isinstance(column, models.DateTimeField)
+        and settings.USE_TZ
+        and not hasattr(field, "timezone")
+    ):
+        fmt = getattr(field, "format", api_settings.DATETIME_FORMAT)
+        if fmt is not None and fmt.lower() == ISO_8601:
+            return _DATETIME
+    return field.to_representation
+
+
+def _column(model, attrs: list[str]):
+    for attr in attrs[:-1]:
+        model = model._meta.get_field(attr).related_model
+    return model._meta.get_field(attrs[-1])
+
+
+def _iso_datetime(tz) -> Callable:
+    """DRF's DateTimeField.to_representation in ISO 8601, for the aware values a
+    ``DateTimeField`` column holds when ``USE_TZ`` is on."""
+
+    def convert(value):
+        text = value.astimezone(tz).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+    return convert
+
+
+class ReadPathMixin:
+    """List and retrieve through the serializer's read plan when it has one.
+
+    Mixed into the API's base views. It takes the path only for plain ``list`` and
+    ``retrieve`` actions whose view does not change how objects are fetched or shown
+    (overridden ``get_object`` or ``get_serializer``, object permissions): anything else is
+    DRF's path, unchanged.
+    """
+
+    def _read_plan(self) -> ReadPlan | None:
+        if self.request.method != "GET" or getattr(self, "swagger_fake_view", False):
+            return None
+        if self.action not in ("list", "retrieve"):
+            return None
+        return plan_for(self.get_serializer_class())
+
+    def paginate_queryset(self, queryset):
+        plan = self._read_plan() if isinstance(queryset, models.QuerySet) else None
+        if plan is None:
+            return super().paginate_queryset(queryset)
+        page = super().paginate_queryset(queryset.values(*plan.paths))
+        return None if page is None else _Rows(plan.render_many(page))
+
+    def get_serializer(self, *args, **kwargs):
+        if args and isinstance(args[0], _Rows):
+            return PlannedData(list(args[0]))
+        if args and isinstance(args[0], _Row):
+            return PlannedData(args[0].data)
+        if args and isinstance(args[0], models.QuerySet) and kwargs.get("many"):
+            plan = self._read_plan()
+            if plan is not None:
+                return PlannedData(plan.render_many(args[0].values(*plan.paths)))
+        return super().get_serializer(*args, **kwargs)
+
+    def get_object(self):
+        plan = self._read_plan() if self.action == "retrieve" else None
+        if plan is None or not _plain_permissions(self):
+            return super().get_object()
+        lookup = self.lookup_url_kwarg or self.lookup_field
+        row = get_object_or_404(
+            self.get_queryset().values(*plan.paths),
+            **{self.lookup_field: self.kwargs[lookup]},
+        )
+        return _Row(plan.render(row))
+
+
+class _Rows(list):
+    """A page already rendered by a read plan."""
+
+
+class _Row:
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+
+
+def _plain_permissions(view) -> bool:
+    """True when no permission of ``view`` looks at the object itself."""
+    from rest_framework.permissions import BasePermission
+
+    return all(
+        type(p).has_object_permission is BasePermission.has_object_permission
+        for p in view.get_permissions()
+    )

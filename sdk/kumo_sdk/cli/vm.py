@@ -1,0 +1,249 @@
+"""`kumo vm`: the project's virtual machines."""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kumo_sdk.cli import output
+from kumo_sdk.cli.common import (
+    CliError,
+    Json,
+    Timeout,
+    Wait,
+    command,
+    connect,
+    current_project,
+    group,
+    progress,
+)
+from kumo_sdk.client import Client
+from kumo_sdk.errors import NotFound
+from kumo_sdk.types import Operation, VirtualMachine
+
+app = group("The project's virtual machines.")
+
+
+def _image_id(kumo: Client, image: str) -> int:
+    if image.isdigit():
+        return int(image)
+    ids = [i.id for i in kumo.images.list() if i.name == image and i.state == "active"]
+    if not ids:
+        raise NotFound(404, "not_found", f"no image named {image!r} for project {kumo.project}")
+    if len(ids) > 1:
+        raise CliError(f"{len(ids)} images are named {image!r} (ids {ids}): give the id")
+    return ids[0]
+
+
+def _vm_rows(vms: list[VirtualMachine]) -> None:
+    output.table(
+        ["NAME", "ID", "STATE", "TEMPLATE", "PRIORITY", "HOST", "ADDRESSES"],
+        [
+            [
+                vm.name,
+                vm.id,
+                vm.state + (f" ({vm.task_state})" if vm.task_state else ""),
+                vm.template,
+                vm.priority,
+                vm.host,
+                [ip for nic in vm.nics for ip in nic.fixed_ips],
+            ]
+            for vm in vms
+        ],
+    )
+
+
+def _vm_details(vm: VirtualMachine) -> None:
+    output.fields(
+        [
+            ("name", vm.name),
+            ("id", vm.id),
+            ("state", vm.state),
+            ("task", vm.task_state),
+            ("power", vm.power_state),
+            ("reason", vm.state_reason),
+            ("template", vm.template),
+            ("image", vm.image),
+            ("priority", vm.priority),
+            ("size", f"{vm.vcpus} vCPUs, {vm.memory_mib // 1024} GiB, {vm.disk_gib} GiB disk"),
+            ("gpus", f"{vm.gpus} x {vm.gpu_model}" if vm.gpus else 0),
+            ("host", vm.host),
+            *[
+                (f"nic {i}", f"{nic.network} {nic.mac} {', '.join(nic.fixed_ips)}")
+                for i, nic in enumerate(vm.nics)
+            ],
+            ("placement group", vm.placement_group),
+            ("eviction deadline", vm.eviction_deadline),
+            ("evicted", vm.evicted_at),
+            (
+                "reclaim",
+                f"{vm.reclaim_action} ({vm.reclaim_reason}) at {vm.reclaim_at:%Y-%m-%d %H:%M:%S}"
+                if vm.reclaim_at
+                else None,
+            ),
+            ("created", vm.created_at),
+            ("launched", vm.launched_at),
+        ]
+    )
+
+
+@command(app, "create")
+def vm_create(
+    ctx: typer.Context,
+    name: str,
+    template: Annotated[str, typer.Option(help="Template name (kumo template list).")],
+    image: Annotated[str, typer.Option(help="Image id or name (kumo image list).")],
+    spot: Annotated[bool, typer.Option("--spot", help="Run on spot capacity.")] = False,
+    network: Annotated[
+        list[str] | None,
+        typer.Option(metavar="NETWORK", help="A NIC on this network; repeat for more."),
+    ] = None,
+    ssh_key: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY", help="Name of your SSH key to install; repeatable."),
+    ] = None,
+    placement_group: Annotated[
+        str | None, typer.Option(help="Join this placement group (kumo placement-group list).")
+    ] = None,
+    user_data: Annotated[
+        Path | None, typer.Option(help="A cloud-init user-data file.", exists=True)
+    ] = None,
+    wait: Wait = False,
+    timeout: Timeout = 600.0,
+    json: Json = False,
+) -> None:
+    """Create a VM. With --wait, show its progress until it runs."""
+    with connect(ctx) as kumo:
+        project = current_project(kumo)
+        options: dict[str, Any] = {
+            "template": template,
+            "image": _image_id(kumo, image),
+            "spot": spot,
+            "networks": network,
+            "ssh_keys": ssh_key,
+            "placement_group": placement_group,
+            "user_data": user_data.read_text(encoding="utf-8") if user_data else "",
+        }
+        if not wait:
+            vm = kumo.vms.create(name, **options)
+        else:
+            with progress(f"vm {name}") as show:
+
+                def on_poll(operation: Operation) -> None:
+                    now = kumo.vms.get(operation.target_id)
+                    show(now.state + (f" on {now.host}" if now.host else ""))
+
+                vm = kumo.vms.create(name, **options, wait=True, timeout=timeout, on_poll=on_poll)
+    if json:
+        return output.emit_json(vm.raw)
+    output.note(f"VM {vm.name} is {vm.state} in project {project}.")
+    _vm_details(vm)
+
+
+@command(app, "list")
+def vm_list(
+    ctx: typer.Context,
+    state: Annotated[list[str] | None, typer.Option(help="Only VMs in this state.")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Also deleted VMs.")] = False,
+    json: Json = False,
+) -> None:
+    """The project's VMs (deleted ones with --all)."""
+    with connect(ctx) as kumo:
+        filters = {"state": state} if state else {}
+        vms = [
+            vm
+            for vm in kumo.vms.list(project=current_project(kumo), **filters)
+            if all_ or state or vm.state != "deleted"
+        ]
+    if json:
+        return output.emit_json([vm.raw for vm in vms])
+    _vm_rows(vms)
+
+
+@command(app, "show")
+def vm_show(
+    ctx: typer.Context, vm: Annotated[str, typer.Argument(help="Name or id.")], json: Json = False
+) -> None:
+    """One VM."""
+    with connect(ctx) as kumo:
+        found = kumo.vms.find(vm, project=current_project(kumo))
+    if json:
+        return output.emit_json(found.raw)
+    _vm_details(found)
+
+
+def _vm_action(ctx: typer.Context, vm: str, action: str, wait: bool, timeout: float) -> None:
+    with connect(ctx) as kumo:
+        found = kumo.vms.find(vm, project=current_project(kumo))
+        act = getattr(kumo.vms, action)
+        if not wait:
+            operation = act(found.id)
+            output.note(f"{action} of VM {found.name} accepted: operation {operation.id}.")
+            return
+        with progress(f"{action} vm {found.name}") as show:
+            operation = act(found.id, wait=True, timeout=timeout, on_poll=lambda op: show(op.state))
+        output.note(f"{action} of VM {found.name}: {operation.state}.")
+
+
+VmArg = Annotated[str, typer.Argument(help="The VM's name or id.")]
+
+
+@command(app, "start")
+def vm_start(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Start a stopped VM."""
+    _vm_action(ctx, vm, "start", wait, timeout)
+
+
+@command(app, "stop")
+def vm_stop(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Stop a running VM (its resources stay claimed)."""
+    _vm_action(ctx, vm, "stop", wait, timeout)
+
+
+@command(app, "shelve")
+def vm_shelve(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Shelve a VM: stop it, keep its disk and release its GPUs, vCPUs and memory."""
+    _vm_action(ctx, vm, "shelve", wait, timeout)
+
+
+@command(app, "unshelve")
+def vm_unshelve(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Unshelve a VM: place it again where it fits and boot its kept disk."""
+    _vm_action(ctx, vm, "unshelve", wait, timeout)
+
+
+@command(app, "reboot")
+def vm_reboot(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Reboot a running VM."""
+    _vm_action(ctx, vm, "reboot", wait, timeout)
+
+
+@command(app, "reset")
+def vm_reset(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Hard-reset a running VM (the reset button: its OS is not asked)."""
+    _vm_action(ctx, vm, "reset", wait, timeout)
+
+
+@command(app, "power-off")
+def vm_power_off(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Power a running VM off at once (its OS is not asked), e.g. when a stop hangs."""
+    _vm_action(ctx, vm, "power_off", wait, timeout)
+
+
+@command(app, "console-log")
+def vm_console_log(
+    ctx: typer.Context,
+    vm: VmArg,
+    lines: Annotated[int | None, typer.Option(help="Only the last LINES lines.")] = None,
+) -> None:
+    """What the guest printed on its serial console (the last 64 KiB)."""
+    with connect(ctx) as kumo:
+        found = kumo.vms.find(vm, project=current_project(kumo))
+        text = kumo.vms.console_log(found.id, project=current_project(kumo), lines=lines)
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+@command(app, "delete")
+def vm_delete(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+    """Delete a VM and its NICs."""
+    _vm_action(ctx, vm, "delete", wait, timeout)

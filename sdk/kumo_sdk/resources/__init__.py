@@ -1,0 +1,1 @@
+"""Every resource of the API, one module per area; see ``kumo_sdk.resource``."""

@@ -1,0 +1,57 @@
+"""Invitations (project admins), applications (anyone; operators review), users
+(operators)."""
+
+from __future__ import annotations
+
+from kumo_sdk.resource import CREATE, DELETE, READ, UPDATE, Resource
+from kumo_sdk.types import decode
+from kumo_sdk.types.access import Application, Invitation, OperatorUser
+
+
+class Invitations(Resource[Invitation]):
+    """``create(email, role=...)`` invites; the answer is the same for every address.
+    ``delete(id)`` revokes a pending one; ``accept(token)`` joins with the mail's secret."""
+
+    path, type, find_by, create_args = "invitations/", Invitation, "email", ("email",)
+    verbs = READ | {CREATE, DELETE}
+
+    def accept(self, token: str) -> dict:
+        return self._c.post("invitations/accept/", {"token": token})
+
+
+class Applications(Resource[Application]):
+    """``create(title=..., purpose=..., slug=..., gpus=..., ...)`` applies (``kind`` new,
+    renewal or quota); ``update(id, ...)`` amends a returned one; ``review(id, decision,
+    comment)`` for operators; ``withdraw(id)``."""
+
+    path, type, find_by, create_args = "applications/", Application, "title", ()
+    project_scoped = False
+    verbs = READ | {CREATE, UPDATE}
+
+    def review(self, application_id: int, decision: str, comment: str = "") -> Application:
+        body = {"decision": decision, "comment": comment}
+        return decode(Application, self._action(application_id, "review", body))
+
+    def withdraw(self, application_id: int) -> Application:
+        return decode(Application, self._action(application_id, "withdraw"))
+
+
+class Users(Resource[OperatorUser]):
+    """Every user (operators): ``list(q=...)``, ``create(username, email=..., password=...)``,
+    ``deactivate(username)`` (sessions and tokens end at once), ``reactivate(username)``."""
+
+    path, type, key, find_by, create_args = (
+        "admin/users/",
+        OperatorUser,
+        "username",
+        None,
+        ("username",),
+    )
+    project_scoped = False
+    verbs = READ | {CREATE}
+
+    def deactivate(self, username: str, reason: str = "") -> OperatorUser:
+        return decode(OperatorUser, self._action(username, "deactivate", {"reason": reason}))
+
+    def reactivate(self, username: str) -> OperatorUser:
+        return decode(OperatorUser, self._action(username, "reactivate"))

@@ -1,0 +1,240 @@
+"""A host's image cache: fetched from a real HTTP server on loopback, verified by checksum,
+never half-written, fetched once for two guests at once (threads and processes), a
+corrupted copy caught; and the agent's use of it for a guest's root disk."""
+
+import hashlib
+import http.server
+import multiprocessing
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from compute import host_tasks
+from compute.drivers import simnode
+from compute.drivers.base import DriverError
+from compute.drivers.fake import FakeDriver
+from compute.drivers.imagecache import ImageCache, ImageCacheError, ImageChecksumMismatch
+from compute.protocol import VmApply
+from controlplane.agent import reports, runtime
+from controlplane.agent.config import AgentConfig
+
+DATA = b"\x00kumo-image\xff" * 200_000  # 2.6 MB
+SHA = "sha256:" + hashlib.sha256(DATA).hexdigest()
+
+
+class ImageServer:
+    """Serves ``body`` at every path, slowly enough for two fetches to overlap; counts GETs."""
+
+    def __init__(self, body: bytes, delay_s: float = 0.3):
+        self.body, self.delay_s = body, delay_s
+        self.gets = multiprocessing.Value("i", 0)
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                with server.gets.get_lock():
+                    server.gets.value += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(server.body)))
+                self.end_headers()
+                half = len(server.body) // 2
+                self.wfile.write(server.body[:half])
+                time.sleep(server.delay_s)
+                self.wfile.write(server.body[half:])
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/image"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = ImageServer(DATA)
+    yield s
+    s.stop()
+
+
+def _leftovers(root: Path) -> list[str]:
+    partial = root / ".partial"
+    return sorted(p.name for p in partial.iterdir()) if partial.exists() else []
+
+
+def test_a_first_use_fetches_and_verifies(tmp_path, server):
+    cache = ImageCache(tmp_path)
+    path = cache.ensure(checksum=SHA, size=len(DATA), url=server.url)
+    assert path == tmp_path / SHA[7:]
+    assert path.read_bytes() == DATA
+    assert cache.ensure(checksum=SHA, size=len(DATA), url=server.url) == path
+    assert server.gets.value == 1
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_checksum_mismatch_fails_and_leaves_nothing(tmp_path):
+    bad = ImageServer(DATA[:-1] + b"!")
+    try:
+        with pytest.raises(ImageChecksumMismatch, match="checksum mismatch"):
+            ImageCache(tmp_path).ensure(checksum=SHA, size=len(DATA), url=bad.url)
+    finally:
+        bad.stop()
+    assert not (tmp_path / SHA[7:]).exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_more_bytes_than_expected_fail_and_leave_nothing(tmp_path, server):
+    with pytest.raises(ImageChecksumMismatch):
+        ImageCache(tmp_path).ensure(checksum=SHA, size=len(DATA) - 5, url=server.url)
+    assert not (tmp_path / SHA[7:]).exists() and _leftovers(tmp_path) == []
+
+
+def test_an_unreachable_source_is_a_cache_error(tmp_path):
+    with pytest.raises(ImageCacheError):
+        ImageCache(tmp_path).ensure(checksum=SHA, size=1, url="http://127.0.0.1:9/nothing")
+    with pytest.raises(ImageCacheError):
+        ImageCache(tmp_path).ensure(checksum=SHA, size=1, url="ftp://example/x")
+
+
+def test_a_corrupted_cached_copy_is_caught_and_fetched_again(tmp_path, server):
+    cache = ImageCache(tmp_path)
+    path = cache.ensure(checksum=SHA, size=len(DATA), url=server.url)
+    with open(path, "r+b") as f:  # one flipped byte on disk
+        f.seek(1000)
+        f.write(b"\x01")
+    again = cache.ensure(checksum=SHA, size=len(DATA), url=server.url)
+    assert again.read_bytes() == DATA
+    assert server.gets.value == 2
+
+
+def test_a_corrupted_copy_whose_source_is_also_bad_fails_and_leaves_nothing(tmp_path):
+    (tmp_path / SHA[7:]).write_bytes(DATA[:-1] + b"?")
+    bad = ImageServer(DATA[:-1] + b"!")
+    try:
+        with pytest.raises(ImageChecksumMismatch):
+            ImageCache(tmp_path).ensure(checksum=SHA, size=len(DATA), url=bad.url)
+    finally:
+        bad.stop()
+    assert not (tmp_path / SHA[7:]).exists() and _leftovers(tmp_path) == []
+
+
+def test_two_guests_at_once_download_once_threads(tmp_path, server):
+    cache = ImageCache(tmp_path)
+    with ThreadPoolExecutor(4) as pool:
+        paths = list(
+            pool.map(lambda _: cache.ensure(checksum=SHA, size=len(DATA), url=server.url), range(4))
+        )
+    assert len(set(paths)) == 1 and paths[0].read_bytes() == DATA
+    assert server.gets.value == 1
+
+
+def _ensure_in_child(root: str, url: str, out) -> None:
+    out.put(str(ImageCache(root).ensure(checksum=SHA, size=len(DATA), url=url)))
+
+
+def test_two_guests_at_once_download_once_processes(tmp_path, server):
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [
+        ctx.Process(target=_ensure_in_child, args=(str(tmp_path), server.url, out))
+        for _ in range(3)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
+    assert {out.get(timeout=5) for _ in children} == {str(tmp_path / SHA[7:])}
+    assert server.gets.value == 1
+
+
+# --- the agent: a guest's root disk is an overlay on the cached image ----------------------
+
+
+class DiskFake(FakeDriver):
+    """The fake hypervisor on a host that reads disks (as a real one does)."""
+
+    simulated = False
+
+
+VM = "0b4e2c1a-5d6f-4e3b-9a8c-7d6e5f4a3b2c"
+
+
+@pytest.fixture
+def agent(tmp_path):
+    runtime.configure(
+        AgentConfig.from_env(
+            host="cpu-01",
+            instances_dir=tmp_path / "instances",
+            image_cache_dir=tmp_path / "cache",
+        )
+    )
+    yield tmp_path
+    runtime.configure(None)
+
+
+def _message(url: str, **fields) -> VmApply:
+    values = {
+        "vm_id": VM,
+        "generation": 1,
+        "desired": "running",
+        "name": "lab/cpu-1",
+        "hostname": "cpu-1",
+        "vcpus": 1,
+        "memory_mib": 256,
+        "image_format": "raw",
+        "image_url": url,
+        "image_checksum": SHA,
+        "image_size": len(DATA),
+        "disk_gib": 1,
+    }
+    return VmApply(**{**values, **fields})
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img is not installed")
+def test_the_root_disk_is_an_overlay_on_the_verified_cached_image(agent, server):
+    assert host_tasks.apply(
+        _message(server.url), DiskFake(inventory=simnode.host_inventory("cpu"))
+    ) == (
+        1,
+        "running",
+    )
+    root = agent / "instances" / VM / "root.qcow2"
+    info = subprocess.run(
+        ["qemu-img", "info", "-U", "--output=json", str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert str(agent / "cache" / SHA[7:]) in info
+    assert '"backing-filename-format": "raw"' in info
+
+
+def test_a_mismatch_fails_the_vm_with_a_clear_error_reported(agent, monkeypatch):
+    bad = ImageServer(DATA[:-1] + b"!", delay_s=0)
+    sent = []
+    monkeypatch.setattr(reports, "send", lambda host, kind, payload: sent.append(payload))
+    monkeypatch.setattr(
+        host_tasks, "driver", lambda: DiskFake(inventory=simnode.host_inventory("cpu"))
+    )
+    try:
+        with pytest.raises(DriverError, match="checksum mismatch"):
+            host_tasks.apply(_message(bad.url), DiskFake(inventory=simnode.host_inventory("cpu")))
+        host_tasks.vm_apply(**_message(bad.url, operation_id="op-1").to_wire())
+    finally:
+        bad.stop()
+    [report] = sent
+    assert report["ok"] is False and report["vm_id"] == VM
+    assert "checksum mismatch" in report["error"] and SHA in report["error"]
+    assert not (agent / "cache" / SHA[7:]).exists()
+    assert not (agent / "instances" / VM / "root.qcow2").exists()

@@ -1,0 +1,99 @@
+"""Every operation ends in a state that is true, promptly (issue 13, fault 4): a VM deleted
+before it launched supersedes its create at once; a late success overturns a deadline
+failure, and the operation says both."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from compute import services
+from compute.choices import VmState
+from compute.services.vms import current_operation
+from controlplane.models import Operation
+from controlplane.services import operations_reap
+from tests.compute.test_vms import fresh
+from tests.factories import make_host, make_image, make_template
+
+pytestmark = pytest.mark.django_db
+
+
+def _create(project):
+    return services.vm_create(
+        project=project, name="op-vm", template=make_template(), image=make_image()
+    )
+
+
+def _observed(vm, power, operation_id, generation=None):
+    return services.vm_observed(
+        host=vm.host.name,
+        payload={
+            "vm_id": str(vm.pk),
+            "generation": generation or vm.generation,
+            "power": power,
+            "ok": True,
+            "operation_id": operation_id,
+        },
+        sent_at=timezone.now(),
+    )
+
+
+def test_a_vm_deleted_before_it_launched_supersedes_its_create_at_once(project, sent):
+    make_host()
+    vm, create = _create(project)
+    assert vm.state == VmState.PROVISIONING
+    vm, delete = services.vm_delete(vm=fresh(vm))
+    create.refresh_from_db()
+    assert create.state == "failed" and create.error_code == "superseded"
+    assert create.finished_at is not None
+    # The delete is the operation the host's answer finishes.
+    assert current_operation(vm) == str(delete.pk)
+    services.guests_reported(host=vm.host.name, payload={"guests": []}, sent_at=timezone.now())
+    delete.refresh_from_db()
+    assert delete.state == "succeeded"
+    assert Operation.objects.filter(state__in=["pending", "running"]).count() == 0
+
+
+def test_a_late_success_overturns_a_deadline_failure_and_says_both(project, sent):
+    make_host()
+    vm, create = _create(project)
+    # The controller was down past the deadline: the reaper failed the create.
+    assert operations_reap(now=timezone.now() + timedelta(hours=1)) == 1
+    create.refresh_from_db()
+    assert (create.state, create.error_code) == ("failed", "deadline_exceeded")
+    # Then the host's answer arrives: the guest runs.
+    _observed(vm, "running", str(create.pk))
+    create.refresh_from_db()
+    assert create.state == "succeeded" and create.error_code == ""
+    assert "deadline_exceeded_at" in create.result
+    assert fresh(vm).state == VmState.RUNNING
+
+
+def test_the_reconcile_finishes_a_reaped_operation_when_the_guest_shows_up(project, sent):
+    host = make_host()
+    vm, create = _create(project)
+    operations_reap(now=timezone.now() + timedelta(hours=1))
+    guest = {"vm_id": str(vm.pk), "generation": vm.generation, "power": "running"}
+    services.guests_reported(host=host.name, payload={"guests": [guest]}, sent_at=timezone.now())
+    create.refresh_from_db()
+    assert create.state == "succeeded" and "deadline_exceeded_at" in create.result
+
+
+def test_a_real_failure_stays_failed(project, sent):
+    make_host()
+    vm, create = _create(project)
+    services.vm_observed(
+        host=vm.host.name,
+        payload={
+            "vm_id": str(vm.pk),
+            "generation": vm.generation,
+            "power": "unknown",
+            "ok": False,
+            "error": "no such image",
+            "operation_id": str(create.pk),
+        },
+        sent_at=timezone.now(),
+    )
+    _observed(fresh(vm), "running", str(create.pk))
+    create.refresh_from_db()
+    assert create.state == "failed" and create.error_message == "no such image"

@@ -1,0 +1,68 @@
+"""A short replay (a quarter of a day on two hosts, a few dozen jobs: the services run
+at a few hundred ms a job on the shared machine) through the real services in virtual time:
+its figures are consistent (GPU-hours add up to the capacity, every eviction had its full
+notice, the guarantee was honoured) and the trace format is checked line by line."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+from compute.replay import trace as traces
+from compute.replay.sim import Replay
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_day_replays_with_figures_that_add_up(tmp_path):
+    path = tmp_path / "day.csv"
+    n = traces.generate(path, days=0.25, gpu_hosts=2, on_demand_load=0.5, spot_load=0.9,
+                        cpu_jobs_per_day=8, projects=4, seed=3)  # fmt: skip
+    jobs = traces.read_trace(path)
+    assert len(jobs) == n and 10 <= n <= 120
+    replay = Replay(jobs, gpu_hosts=2, cpu_hosts=1, guarantees={"p01": 4})
+    figures = replay.run()
+    assert figures["jobs"] == n and figures["simulated_days"] >= 0.2
+    parts = (
+        figures["on_demand_gpu_h"]
+        + figures["spot_gpu_h"]
+        + figures["held_idle_gpu_h"]
+        + figures["free_while_waiting_gpu_h"]
+        + figures["free_gpu_h"]
+    )
+    assert abs(parts - figures["capacity_gpu_h"]) <= 0.5  # rounding of five figures
+    assert figures["capacity_gpu_h"] == pytest.approx(16 * 24 * figures["simulated_days"], rel=0.01)
+    assert figures["spot_gpu_h"] > 0 and figures["on_demand_gpu_h"] > 0
+    assert figures["evictions_full_notice"] == 1.0  # of those there were (the next test has one)
+    assert figures["guarantees_honoured"] == 1.0
+    assert 0 < figures["goodput"] <= 1
+    plot = tmp_path / "alloc.png"
+    replay.plot(str(plot))
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_bad_trace_line_names_the_line_and_field(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("submit_s,duration_s,gpus,gpu_model,priority,project\n0,10,3,A100,spot,p\n")
+    with pytest.raises(traces.TraceError, match="line 2: gpus must be"):
+        traces.read_trace(path)
+    path.write_text("submit_s,gpus\n0,1\n")
+    with pytest.raises(traces.TraceError, match="lacks duration_s"):
+        traces.read_trace(path)
+
+
+def test_the_command_replays_on_a_throwaway_database(tmp_path, capsys):
+    from compute.models import Host
+
+    path = tmp_path / "tiny.csv"
+    path.write_text(
+        "submit_s,duration_s,gpus,gpu_model,priority,project\n"
+        "0,3600,8,A100-SXM4-40GB,spot,lab-a\n"
+        "600,1800,8,A100-SXM4-40GB,on_demand,lab-b\n"
+    )
+    call_command("replay", str(path), "--gpu-hosts", "1", "--cpu-hosts", "0")
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["jobs"] == 2 and figures["evictions"] == 1
+    assert figures["evictions_full_notice"] == 1.0
+    assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1  # the notice, then the stop
+    assert not Host.objects.exists()  # it ran elsewhere

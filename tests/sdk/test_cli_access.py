@@ -1,0 +1,48 @@
+"""`kumo invitation`, `kumo application` and `kumo user` against a real server."""
+
+import json
+
+from tenants.models import Project
+from tests.factories import UserFactory
+from tests.sdk.conftest import PASSWORD, can_log_in
+
+
+def test_invite_and_apply(logged_in, project):
+    made = logged_in("invitation", "create", "someone@uni.example.ac.jp", "--role", "reader")
+    assert "sent to someone@uni.example.ac.jp" in made.stderr
+    [inv] = json.loads(logged_in("invitation", "list", "--json").stdout)
+    assert inv["status"] == "pending" and inv["role"] == "reader"
+    logged_in("invitation", "revoke", str(inv["id"]))
+    assert json.loads(logged_in("invitation", "list", "--json").stdout)[0]["status"] == "revoked"
+
+    applied = logged_in(
+        "application", "apply", "Deep sea genomes", "--purpose", "assemble genomes",
+        "--slug", "deep-sea", "--gpus", "4", "--vcpus", "32",
+    )  # fmt: skip
+    assert "submitted" in applied.stderr
+    [app] = json.loads(logged_in("application", "list", "--json").stdout)
+    refused = logged_in("application", "review", str(app["id"]), "approve", ok=False)
+    assert refused.exit_code == 1  # only operators review
+    logged_in("application", "withdraw", str(app["id"]))
+    assert not Project.objects.filter(slug="deep-sea").exists()
+
+
+def test_operators_review_and_manage_users(server, kumo_cli, owner):
+    operator = UserFactory(is_staff=True, is_superuser=True)
+    can_log_in(operator)
+    kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
+    kumo_cli(
+        "application", "apply", "Ops lab", "--purpose", "p", "--slug", "ops-lab", "--gpus", "2"
+    )
+    [app] = json.loads(kumo_cli("application", "list", "--json").stdout)
+    done = kumo_cli("application", "review", str(app["id"]), "approve")
+    assert "approved (project ops-lab)" in done.stderr
+    assert Project.objects.get(slug="ops-lab").quota.gpus == 2
+    listed = kumo_cli("user", "list", "--q", owner.username).stdout
+    assert owner.username in listed
+    kumo_cli("user", "deactivate", owner.username, "--reason", "left")
+    owner.refresh_from_db()
+    assert not owner.is_active
+    kumo_cli("user", "reactivate", owner.username)
+    owner.refresh_from_db()
+    assert owner.is_active

@@ -1,0 +1,187 @@
+"""The SDK's and the CLI's newer collections against a live Kumo: SSH keys (`kumo ssh-key
+add`, so a CLI-only user can register the key `vm create` needs), members, quota, placement
+groups, budgets, webhooks, points, events and the audit trail, external connections, and the
+operators' hosts, devices, rate cards, guarantees and points."""
+
+import json
+from decimal import Decimal
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from kumo_sdk import Client, Conflict, InvalidInput, NotFound, PermissionDenied
+from kumo_sdk.errors import NotSupported
+
+from tests.factories import UserFactory, make_host, token_for
+from tests.tenants.test_sshkeys import _openssh_public
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def staff(server, transactional_db):
+    user = UserFactory(is_staff=True)
+    with Client(server.url, token_for(user), backoff=0) as client:
+        yield client
+
+
+def test_ssh_key_add_list_delete_from_the_cli(logged_in, tmp_path):
+    public = tmp_path / "id_ed25519.pub"
+    public.write_text(_openssh_public(ed25519.Ed25519PrivateKey.generate(), "me@laptop") + "\n")
+    added = logged_in("ssh-key", "add", "laptop", str(public))
+    assert "SSH key laptop added: ssh-ed25519 256 bits, SHA256:" in added.stderr
+    [key] = json.loads(logged_in("ssh-key", "list", "--json").stdout)
+    assert key["name"] == "laptop" and key["comment"] == "me@laptop"
+    assert "laptop" in logged_in("ssh-key", "list").stdout
+
+    bad = tmp_path / "bad.pub"
+    bad.write_text("ssh-ed25519 AAAA$$$not*base64\n")
+    refused = logged_in("ssh-key", "add", "broken", str(bad), ok=False)
+    assert refused.exit_code == 1 and "(400 invalid)" in refused.stderr
+
+    logged_in("ssh-key", "delete", "laptop")
+    assert json.loads(logged_in("ssh-key", "list", "--json").stdout) == []
+
+
+def test_members_quota_placement_groups(kumo, project, owner):
+    other = UserFactory()
+    made = kumo.members.create(other.email, role="reader")
+    assert made.user.username == other.username and made.role == "reader"
+    assert kumo.members.get(other.username).role == "reader"
+    assert kumo.members.update(other.username, role="member").role == "member"
+    assert {m.user.username for m in kumo.members.list()} == {owner.username, other.username}
+    kumo.members.delete(other.username)
+    with pytest.raises(NotFound):
+        kumo.members.get(other.username)
+
+    quota = kumo.quota.get()
+    assert (quota.vcpus.limit, quota.vcpus.used, quota.vcpus.available) == (64, 0, 64)
+    assert quota.networks.limit == 10
+
+    group = kumo.placement_groups.create("ring", policy="anti_affinity")
+    assert kumo.placement_groups.find("ring").id == group.id
+    kumo.placement_groups.delete(group.id)
+    assert list(kumo.placement_groups.list()) == []
+    with pytest.raises(NotSupported):
+        kumo.placement_groups.update(group.id, name="x")
+
+
+def test_budgets_webhooks_points_events_and_audit(kumo, project):
+    budget = kumo.budgets.create("monthly", amount="100.00", thresholds=[50, 100], policy="notify")
+    assert (Decimal(budget.amount), budget.thresholds) == (Decimal(100), [50, 100])
+    assert kumo.budgets.update(budget.id, active=False).active is False
+    with pytest.raises(InvalidInput) as refused:
+        kumo.budgets.create("bad", amount="-1")
+    assert "amount" in refused.value.fields
+    kumo.budgets.delete(budget.id)
+
+    hook = kumo.webhooks.create("https://hooks.kumo.invalid/hook", kinds=["vm.state"])
+    assert hook.secret and hook.kinds == ["vm.state"]
+    listed = kumo.webhooks.get(hook.id)
+    assert listed.secret is None and listed.url == "https://hooks.kumo.invalid/hook"
+    kumo.webhooks.delete(hook.id)
+
+    assert list(kumo.points.list()) == []
+    actions = {e.action for e in kumo.audit_events.list()}
+    assert {"budget.create", "webhook.create"} <= actions, actions
+    list(kumo.events.list())  # readable by a member; what it holds is the events tests' part
+
+
+def test_external_connection_request(kumo, project):
+    network = kumo.networks.create("lab", cidr="10.30.0.0/24")
+    made = kumo.external_connections.create(
+        "to-campus", kind="l3_route", network=network.name,
+        destination_cidr="192.0.2.0/24", next_hop="10.30.0.254",
+    )  # fmt: skip
+    assert made.state == "requested" and made.destination_cidr == "192.0.2.0/24"
+    assert [c.id for c in kumo.external_connections.list()] == [made.id]
+    kumo.external_connections.delete(made.id)
+
+
+def test_operators_hosts_devices_rate_cards_guarantees_points(staff, kumo, project):
+    host = make_host()
+    [listed] = [h for h in staff.admin.hosts.list() if h.name == host.name]
+    assert listed.gpus == 8 and listed.state == "up"
+    drained = staff.admin.hosts.set_state(host.name, "draining", reason="bios update")
+    assert (drained.state, drained.state_reason) == ("draining", "bios update")
+    assert staff.admin.hosts.update(host.name, rack="r12").rack == "r12"
+    devices = list(staff.admin.devices.list(host=host.name))
+    assert sum(d.kind == "gpu" for d in devices) == 8
+
+    card = staff.admin.rate_cards.create(
+        valid_from="2020-01-01T00:00:00Z", currency="JPY",
+        prices=[
+            {"resource": r, "unit_price": p}
+            for r, p in [("vcpu", "2"), ("memory", "0.5"), ("gpu", "300"), ("storage", "10"),
+                         ("global_ip", "1")]
+        ],
+    )  # fmt: skip
+    [gpu] = [p for p in card.prices if p.resource == "gpu"]
+    assert Decimal(gpu.unit_price) == 300 and gpu.model == ""
+    assert staff.admin.rate_cards.get(card.id).version == card.version
+
+    guarantee = staff.admin.capacity_guarantees.update(project.slug, min_gpus=2)
+    assert (guarantee.project, guarantee.min_gpus) == (project.slug, 2)
+    assert kumo.reclamation.get().min_gpus == 2
+
+    granted = staff.admin.points.create(project=project.slug, amount="50", note="welcome")
+    assert Decimal(granted.balance_after) == 50
+    [entry] = kumo.points.list()
+    assert Decimal(entry.amount) == 50
+
+    limits = staff.admin.projects.set_quota(project.slug, gpus=4)
+    assert limits.gpus.limit == 4 and kumo.quota.get().gpus.limit == 4
+    with pytest.raises(PermissionDenied):
+        list(kumo.admin.hosts.list())
+
+
+def test_shares_answer_conflict_without_a_tier(kumo):
+    with pytest.raises(Conflict):
+        kumo.shares.create("data", tier="fast", quota_gib=10)
+
+
+def test_a_token_scoped_to_a_project(kumo, project):
+    made = kumo.tokens.create("ci", project=project.slug)
+    assert made.project == project.slug and made.token.startswith("kumo_")
+    [listed] = [t for t in kumo.tokens.list() if t.id == made.id]
+    assert listed.project == project.slug and listed.token is None
+
+
+def test_cli_members_quota_groups_budgets_webhooks_points_connections(logged_in, project):
+    other = UserFactory()
+    assert "reader" in logged_in("member", "add", other.username, "--role", "reader").stderr
+    logged_in("member", "set-role", other.username, "member")
+    members = json.loads(logged_in("member", "list", "--json").stdout)
+    assert {m["user"]["username"]: m["role"] for m in members}[other.username] == "member"
+    logged_in("member", "remove", other.username)
+
+    quota = json.loads(logged_in("quota", "--json").stdout)
+    assert quota["vcpus"] == {"limit": 64, "used": 0, "available": 64}
+    assert "vcpus" in logged_in("quota").stdout
+
+    logged_in("placement-group", "create", "ring", "--policy", "compact")
+    assert "compact" in logged_in("placement-group", "list").stdout
+    logged_in("placement-group", "delete", "ring")
+
+    made = logged_in("budget", "create", "monthly", "--amount", "250", "--threshold", "80",
+                     "--policy", "stop_spot", "--json")  # fmt: skip
+    budget = json.loads(made.stdout)
+    assert budget["thresholds"] == [80] and budget["policy"] == "stop_spot"
+    assert "monthly" in logged_in("budget", "list").stdout
+    logged_in("budget", "delete", str(budget["id"]))
+
+    hook = logged_in(
+        "webhook", "create", "https://hooks.kumo.invalid/cli-hook", "--kind", "vm.state"
+    )
+    assert "shown only now" in hook.stderr and hook.stdout.strip()
+    [listed] = json.loads(logged_in("webhook", "list", "--json").stdout)
+    assert listed["kinds"] == ["vm.state"] and "secret" not in listed
+
+    assert json.loads(logged_in("points", "--json").stdout) == []
+
+    logged_in("network", "create", "lab", "--cidr", "10.40.0.0/24")
+    asked = logged_in("external-connection", "request", "campus", "--kind", "l3_route",
+                      "--network", "lab", "--destination-cidr", "192.0.2.0/24",
+                      "--next-hop", "10.40.0.254")  # fmt: skip
+    assert "is requested" in asked.stderr
+    refused = logged_in("share", "create", "data", "--quota", "10", ok=False)
+    assert refused.exit_code == 1 and "(409" in refused.stderr
