@@ -21,7 +21,6 @@ folder or process no desired service names is stopped and removed, with its name
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -29,7 +28,6 @@ import signal
 import socket
 import struct
 import subprocess
-import time
 from pathlib import Path
 
 from network.drivers.base import (
@@ -48,6 +46,7 @@ from network.drivers.netlink import (
     loopback_alias,
     netns_entered,
     netns_names,
+    stop,
 )
 
 log = logging.getLogger(__name__)
@@ -145,6 +144,12 @@ def running(state_dir: Path) -> dict[str, int]:
     return found
 
 
+def traversable(folder: Path) -> bool:
+    """Whether any user can reach ``folder``: it and every folder above it searchable by
+    others."""
+    return all(p.stat().st_mode & 0o001 for p in (folder, *folder.parents))
+
+
 def gratuitous_arp(device: str, mac: str, address: str) -> None:
     """Broadcast one ARP request for ``address`` from ``address`` at ``mac`` on ``device``
     (of the calling thread's namespace): neighbours replace their entry for it."""
@@ -166,29 +171,6 @@ def _netns_inode(path: str) -> int | None:
         return None
 
 
-def stop(pid: int, timeout: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL past ``timeout``; a process already gone is success."""
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not os.path.exists(f"/proc/{pid}") or _zombie(pid):
-            return
-        time.sleep(0.02)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
 class DnsServices:
     """The resolvers of the host that ``nl`` is on (the gateway host), with their files
     under ``state_dir``."""
@@ -199,6 +181,7 @@ class DnsServices:
         self.owner = OWNER_PREFIX + (nl.netns or "-")
         self.writes = 0
         self._inside: dict[str, Netlink] = {}
+        self._warned = False
 
     def close(self) -> None:
         for inside in self._inside.values():
@@ -241,6 +224,13 @@ class DnsServices:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o755)  # dnsmasq re-reads its files as nobody
+        if not self._warned and not traversable(self.state_dir):
+            self._warned = True
+            log.error(
+                "dnsmasq re-reads its files as nobody, who cannot reach %s (a folder above it "
+                "is not world-searchable): names added from now on will not be answered",
+                self.state_dir,
+            )
         mtus = {n.vni: n.mtu for n in desired.networks}
         existing = set(netns_names())
         pids = running(self.state_dir)

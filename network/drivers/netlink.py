@@ -19,8 +19,10 @@ import ctypes
 import errno
 import fcntl
 import os
+import signal
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -622,8 +624,13 @@ class Netlink:
             self._write(f"lo up in {name}", inside.link, "set", index=1, state="up")
 
     def delete_netns(self, name: str) -> None:
-        """Remove a named namespace; every device in it goes with it (a veth's peer too)."""
+        """Remove a named namespace; every device in it goes with it (a veth's peer too).
+        A process still inside (a resolver whose folder this agent no longer knows, as after
+        a change of ``KUMO_VAR_DIR``) is stopped first: it would keep the namespace alive,
+        unnamed and unreachable, as long as it runs."""
         self.writes += 1
+        for pid in netns_pids(name):
+            stop(pid)
         try:
             pyroute2_netns.remove(name)
         except OSError as e:
@@ -644,6 +651,44 @@ def loopback_alias(netns: str) -> str | None:
             return ipr.get_links(ifname="lo")[0].get("IFLA_IFALIAS") or ""
     except (OSError, NetlinkError):
         return None
+
+
+def netns_pids(name: str) -> list[int]:
+    """The processes inside named namespace ``name`` (as ``ip netns pids``)."""
+    try:
+        inode = os.stat(f"{NETNS_DIR}/{name}").st_ino
+    except OSError:
+        return []
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry.name}/ns/net").st_ino == inode:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def stop(pid: int, timeout: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL past ``timeout``; a process already gone is success."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not os.path.exists(f"/proc/{pid}") or _zombie(pid):
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def netns_names() -> list[str]:

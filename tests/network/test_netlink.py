@@ -6,8 +6,10 @@ talk to a real kernel in a throwaway network namespace (root only)."""
 import errno
 import os
 import shutil
+import signal
 import struct
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -230,3 +232,26 @@ def test_a_dump_abandoned_midway_is_not_in_the_way_of_the_next_request(netns, mo
     monkeypatch.undo()
     assert len(netns.links()) == 201  # and lo
     assert netns.index("br-199") == netns.links()["br-199"].index
+
+
+@needs_root
+def test_deleting_a_namespace_stops_what_still_runs_inside():
+    """A process left inside (a resolver whose folder the agent no longer knows) would keep
+    the namespace alive, unnamed and unreachable: deleting the namespace stops it first."""
+    name = f"kn{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=30)
+    inside = subprocess.Popen(["ip", "netns", "exec", name, "sleep", "600"])
+    try:
+        for _ in range(100):
+            if inside.pid in netlink.netns_pids(name):
+                break
+            time.sleep(0.05)
+        assert netlink.netns_pids(name) == [inside.pid]
+        nl = Netlink()
+        nl.delete_netns(name)
+        nl.close()
+        assert inside.wait(timeout=10) == -signal.SIGTERM
+        assert name not in netlink.netns_names() and netlink.netns_pids(name) == []
+    finally:
+        inside.kill()
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
