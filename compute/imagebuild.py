@@ -83,6 +83,8 @@ system_info:
     activators: [networkd]
 ssh_pwauth: false
 disable_root: true
+# The one locale every Debian system has (libc's C.UTF-8); en_US.UTF-8 is not generated.
+locale: C.UTF-8
 EOF
 # No password login over SSH, ever; keys only.
 mkdir -p "$root/etc/ssh/sshd_config.d"

@@ -8,16 +8,21 @@ libvirt's test driver and the project's gateway. Each agent converges its own na
 a simulated fabric (``network.simfabric``): the real guest's tap is handed into
 ``real-01``'s namespace once QEMU holds it, so the guest sits on its project's VXLAN overlay.
 
-One guest is booted (Kumo's own image, ``make image-file``; 1 vCPU, 1 GiB) and every check
-runs against it, in the order a user would meet them: it reaches running through the API,
-``ssh -i <the user's key>`` from the simulated outside logs in through the project's global
-IP and a port forward, the guest holds what cloud-init took from Kumo's seed (hostname,
-static address, gateway and MTU, ``/etc/kumo/metadata.env`` root-only, password login off),
-a stand-in VM on the other host reaches it across the overlay and another project's with
-the same CIDR does not.
-
-Steps that need parts other helpers are building are marked ``PENDING(<part>)`` below:
-they are completed when those parts are on main.
+Two guests are booted at once (Kumo's own image, ``make image-file``; 1 vCPU, 1 GiB each,
+on a host that holds exactly two): ``lab-vm`` on demand and ``spot-vm`` on spot, whose
+user-data script names a hook for Kumo's spot watcher. The checks run in the order a user
+would meet them: both reach running through the API; ``ssh -i <the user's key>`` from the
+simulated outside logs in through the project's global IP and port forwards; the guest
+holds what cloud-init took from Kumo's seed (hostname, static address, gateway and MTU,
+``/etc/kumo/metadata.env`` root-only, password login off); it resolves the other VM's
+name and a stand-in's on its project's resolver, and not another project's; a stand-in VM
+on the other host reaches it across the overlay and another project's with the same CIDR
+does not; a hard reset of ``spot-vm`` brings SSH back on a new boot and its console log
+shows both login prompts; a volume attached live appears inside as
+``/dev/disk/by-id/virtio-<serial>`` and grows live; then an on-demand VM takes the host:
+``spot-vm``'s watcher runs the hook (it writes a file to the volume) and acknowledges
+before the notice ends, the VM is evicted, and the file is there when the volume is
+attached, live, to ``lab-vm``; detached, the disk goes from inside ``lab-vm``.
 
 Needs root, QEMU, libvirtd (``make kvm-host``) and the image (``make image-file``); skipped
 with the reason otherwise. Everything it makes (namespaces, domains, taps, files) carries a
@@ -50,6 +55,7 @@ from network.drivers.base import HostNetworks
 from network.drivers.linux import LinuxNetworkDriver
 from network.models import HostNetwork, Port
 from network.services import port_create
+from storage.protocol import POOLS
 from tenants import services as tenants
 from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
 from tests.factories import UserFactory, make_network, make_pool, make_project, token_for
@@ -57,6 +63,8 @@ from tests.factories import UserFactory, make_network, make_pool, make_project, 
 REAL, SIM = "real-01", "gpu-01"  # gpu-01: a simulated GPU node, where CPU VMs never go
 CIDR = "10.42.0.0/24"
 BOOT_TIMEOUT_S = float(os.environ.get("KUMO_TEST_BOOT_TIMEOUT_S", "600"))
+# The spot guest's notice: long enough for its watcher to poll, run the hook and answer.
+SPOT_NOTICE_S = 120
 # Where guests reach the metadata endpoint: a relay in the simulated outside (the guest gets
 # there through its project's router) to the API on this machine's loopback.
 METADATA_PORT = 8775
@@ -206,14 +214,20 @@ def cloud(fabric, tmp_path):
     that reaches outside, the user's SSH key registered, Kumo's image and a small CPU
     template."""
     prefix, sims, standins = fabric
+    _remove_pools(None)
     instances = Path(tempfile.mkdtemp(prefix="kumo-guest-", dir="/tmp"))
     instances.chmod(0o755)  # QEMU runs as libvirt-qemu: it must reach the overlay and seed
     env = dict(os.environ)
     env.update(
         DATABASE_URL=database_url(),
         CELERY_BROKER_URL="filesystem://",
-        KUMO_VAR_DIR=str(tmp_path),
+        # Under the instances folder: the resolvers' dnsmasq re-reads its names as nobody.
+        KUMO_VAR_DIR=str(instances / "var"),
         KUMO_INSTANCES_DIR=str(instances),
+        # Volumes in pools QEMU (libvirt-qemu) can reach, under the instances folder.
+        KUMO_STORAGE_POOLS=",".join(
+            f"{pool}=dir:{instances / 'pools' / pool}" for pool in POOLS.values()
+        ),
         KUMO_HEARTBEAT_INTERVAL_S="1",
         KUMO_GUESTS_REPORT_INTERVAL_S="2",
         KUMO_RECONCILE_GRACE_S="5",
@@ -269,7 +283,9 @@ def cloud(fabric, tmp_path):
         from tests.factories import make_template
 
         image, _ = guest_image_register(built=cached_image())
-        template = make_template(vcpus=1, memory_gib=1, disk_gib=4, name=f"c1-{prefix}")
+        template = make_template(
+            vcpus=1, memory_gib=1, disk_gib=4, name=f"c1-{prefix}", eviction_notice_s=SPOT_NOTICE_S
+        )
         yield {
             "fleet": fleet,
             "api": api,
@@ -292,6 +308,7 @@ def cloud(fabric, tmp_path):
         fleet.stop()
         stack.close()
         _remove_guests(vm_ids)
+        _remove_pools(instances)
         shutil.rmtree(instances, ignore_errors=True)
 
 
@@ -326,16 +343,41 @@ def _remove_guests(vm_ids: list[str]) -> None:
         sh("ip", "link", "del", port_name(str(port.pk).replace("-", "")), check=False)
 
 
-def _stand_in(project, network_name: str, host: Host, namespace: str, fixed_ip: str = "") -> str:
+def _remove_pools(instances: Path | None) -> None:
+    """Kumo's volume pools on libvirtd that live under ``instances`` (this run's), or
+    under a folder that no longer exists (a run that died before its end): libvirtd knows
+    pools by name, and the next run defines them again under its own folder."""
+    import libvirt
+
+    conn = libvirt.open("qemu:///system")
+    try:
+        for name in POOLS.values():
+            with contextlib.suppress(libvirt.libvirtError):
+                pool = conn.storagePoolLookupByName(name)
+                target = pool.XMLDesc(0).split("<path>")[1].split("</path>")[0]
+                ours = instances is not None and target.startswith(str(instances))
+                if not (ours or not Path(target).exists()):
+                    continue
+                if pool.isActive():
+                    pool.destroy()
+                pool.undefine()
+    finally:
+        conn.close()
+
+
+def _stand_in(
+    project, network_name: str, host: Host, namespace: str, fixed_ip: str = "", name: str = ""
+) -> str:
     """Make ``namespace`` a VM of ``project`` on ``host`` (a veth port into it, as the
-    network tests' stand-ins) with its address (``fixed_ip``, or the next free one) and
-    default route; returns the address."""
+    network tests' stand-ins, named ``name`` on the project's resolver) with its address
+    (``fixed_ip``, or the next free one) and default route; returns the address."""
     from network.models import Network
 
     network = Network.objects.get(project=project, name=network_name)
     port = port_create(
-        network=network, host=host, binding="veth", binding_netns=namespace, fixed_ip=fixed_ip
-    )
+        network=network, host=host, binding="veth", binding_netns=namespace,
+        fixed_ip=fixed_ip, name=name,
+    )  # fmt: skip
     address = port.fixed_ips.get().address
     gateway = network.subnets.get().gateway_ip
 
@@ -350,65 +392,114 @@ def _stand_in(project, network_name: str, host: Host, namespace: str, fixed_ip: 
     return address
 
 
+# The spot guest's user-data: a script (a #cloud-config with its own write_files would
+# replace Kumo's vendor files) naming a hook that saves its work to the volume labelled
+# kumo-work before the stop.
+SPOT_USER_DATA = """#!/bin/sh
+mkdir -p /etc/kumo
+echo KUMO_SPOT_HOOK=/usr/local/bin/save-work > /etc/kumo/spot.env
+cat > /usr/local/bin/save-work <<'HOOK'
+#!/bin/sh
+set -e
+mkdir -p /mnt/work
+mount LABEL=kumo-work /mnt/work
+echo "saved before $1 at $2" > /mnt/work/checkpoint.txt
+sync
+umount /mnt/work
+HOOK
+chmod 755 /usr/local/bin/save-work
+"""
+
+
+def _state(api, url: str, *states: str) -> dict | None:
+    vm = api.get(url).json()
+    return vm if vm["state"] in states else None
+
+
 def test_a_real_guest_boots_through_the_api_and_is_reached_over_ssh(cloud):
     api, base, fleet = cloud["api"], cloud["base"], cloud["fleet"]
-    prefix = cloud["prefix"]
+    prefix, staff = cloud["prefix"], cloud["staff"]
 
-    # The real host says how its guests run.
-    hosts = {h["name"]: h for h in cloud["staff"].get("/api/v1/admin/hosts/").json()["results"]}
+    # The real host says how its guests run; it holds exactly two 1-vCPU guests, so a
+    # third on-demand VM has to take a spot VM's place.
+    hosts = {h["name"]: h for h in staff.get("/api/v1/admin/hosts/").json()["results"]}
     assert hosts[REAL]["guest_accel"] in ("kvm", "tcg")
     assert hosts[SIM]["guest_accel"] == ""
+    r = staff.patch(
+        f"/api/v1/admin/hosts/{REAL}/", json={"cpu_allocation_ratio": 2.5 / hosts[REAL]["vcpus"]}
+    )
+    assert r.status_code == 200, r.text
 
-    # API create; the scheduler puts a CPU VM on the host without GPUs: the real one.
+    # API create of both at once; the scheduler puts CPU VMs on the host without GPUs.
     started = time.monotonic()
-    r = api.post(
-        f"{base}/vms/",
-        json={
-            "name": "lab-vm",
-            "template": cloud["template"],
-            "image": cloud["image"],
-            "ssh_keys": ["laptop"],
-            "nics": [{"network": "lab"}],
-        },
-    )
-    assert r.status_code == 202, r.text
-    vm = r.json()
-    cloud["vm_ids"].append(vm["id"])
-    vm = wait_for(
-        lambda: (
-            (v := api.get(f"{base}/vms/{vm['id']}/").json())["state"] in ("running", "error") and v
-        ),
-        timeout=180,
-        what="the VM defined and started",
-        fleet=fleet,
-    )
-    assert vm["state"] == "running", vm
-    assert vm["host"] == REAL
+    made = {}
+    for name, more in (("lab-vm", {}), ("spot-vm", {"priority": "spot",
+                                                   "user_data": SPOT_USER_DATA})):  # fmt: skip
+        r = api.post(
+            f"{base}/vms/",
+            json={"name": name, "template": cloud["template"], "image": cloud["image"],
+                  "ssh_keys": ["laptop"], "nics": [{"network": "lab"}], **more},
+        )  # fmt: skip
+        assert r.status_code == 202, r.text
+        made[name] = r.json()
+        cloud["vm_ids"].append(made[name]["id"])
+    urls = {name: f"{base}/vms/{vm['id']}/" for name, vm in made.items()}
+    vms = {
+        name: wait_for(
+            lambda url=url: _state(api, url, "running", "error"),
+            timeout=180,
+            what=f"{name} defined and started",
+            fleet=fleet,
+        )
+        for name, url in urls.items()
+    }
+    for vm in vms.values():
+        assert vm["state"] == "running" and vm["host"] == REAL, vm
     ports = api.get(f"{base}/ports/").json()["results"]
-    port = next(p for p in ports if p.get("vm") == vm["id"])
-    address = port["fixed_ips"][0]
+    port = {name: next(p for p in ports if p.get("vm") == vm["id"]) for name, vm in vms.items()}
+    address = port["lab-vm"]["fixed_ips"][0]
     network = next(n for n in api.get(f"{base}/networks/").json()["results"] if n["name"] == "lab")
 
     # SSH in from anywhere (the default group lets in only the project's own VMs), the
-    # project's global IP and a port forward to the guest's SSH.
+    # project's global IP and a port forward to each guest's SSH.
     rule = {"group": "default", "direction": "ingress", "protocol": "tcp", "port_min": 22,
             "port_max": 22, "remote_cidr": "0.0.0.0/0"}  # fmt: skip
     r = api.post(f"{base}/security-group-rules/", json=rule)
     assert r.status_code == 201, r.text
     gip = api.post(f"{base}/global-ips/", json={}).json()["address"]
-    r = api.post(
-        f"{base}/port-forwards/",
-        json={"global_ip": gip, "protocol": "tcp", "external_port": 2222, "port": port["id"],
-              "internal_port": 22},
-    )  # fmt: skip
-    assert r.status_code == 201, r.text
+    for name, external in (("lab-vm", 2222), ("spot-vm", 2223)):
+        r = api.post(
+            f"{base}/port-forwards/",
+            json={"global_ip": gip, "protocol": "tcp", "external_port": external,
+                  "port": port[name]["id"], "internal_port": 22},
+        )  # fmt: skip
+        assert r.status_code == 201, r.text
 
     # ssh -i <the user's key> from the simulated outside, through the global IP.
-    outside = Guest(cloud["key"], simfabric.netns(simfabric.EXTERNAL, prefix), gip, 2222)
+    outside_ns = simfabric.netns(simfabric.EXTERNAL, prefix)
+    outside = Guest(cloud["key"], outside_ns, gip, 2222)
+    spot = Guest(cloud["key"], outside_ns, gip, 2223)
     boot_s = outside.wait(BOOT_TIMEOUT_S)
     total_s = time.monotonic() - started
     print(f"real guest: API POST to SSH login {total_s:.1f} s ({hosts[REAL]['guest_accel']})")
-    outside.run("cloud-init status --wait >/dev/null; true")  # first boot's stages done
+    spot.wait(BOOT_TIMEOUT_S)
+
+    # A hard reset of the spot guest once its first boot is done (its user-data ran): it
+    # boots again while the other guest is looked at.
+    wait_for(
+        lambda: spot.run("test -f /etc/kumo/spot.env", check=False).returncode == 0,
+        timeout=BOOT_TIMEOUT_S, what="spot-vm's user-data script run", fleet=fleet,
+    )  # fmt: skip
+    first_boot = spot.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    assert spot.run("cat /etc/kumo/spot.env").stdout.strip() == (
+        "KUMO_SPOT_HOOK=/usr/local/bin/save-work"
+    )
+    r = api.post(f"{urls['spot-vm']}reset/")
+    assert r.status_code == 202, r.text
+
+    # The first boot's stages all done, none failed.
+    status = outside.run("cloud-init status --wait --long", check=False).stdout
+    assert "status: done" in status, status
 
     # What cloud-init took from Kumo's seed.
     assert outside.run("hostname").stdout.strip() == "lab-vm"
@@ -444,7 +535,7 @@ def test_a_real_guest_boots_through_the_api_and_is_reached_over_ssh(cloud):
     # by address, and the guest reaches it; another project's, same CIDR, does not.
     alpha_ns, beta_ns = cloud["standins"]
     sim_host = Host.objects.get(name=SIM)
-    alpha = _stand_in(cloud["project"], "lab", sim_host, alpha_ns)
+    alpha = _stand_in(cloud["project"], "lab", sim_host, alpha_ns, name="alpha")
     wait_for(
         lambda: sh("ip", "netns", "exec", alpha_ns, "ping", "-c1", "-W1", address,
                    check=False).returncode == 0,
@@ -455,17 +546,104 @@ def test_a_real_guest_boots_through_the_api_and_is_reached_over_ssh(cloud):
     make_network(other, "lab", cidr=CIDR)
     # Another address than the guest's (the first of the same CIDR would be the guest's own,
     # and a ping of it would answer itself).
-    _stand_in(other, "lab", sim_host, beta_ns, fixed_ip="10.42.0.77")
+    _stand_in(other, "lab", sim_host, beta_ns, fixed_ip="10.42.0.77", name="beta")
     time.sleep(3)  # its port converged; then nothing of the guest answers
     assert (
         sh("ip", "netns", "exec", beta_ns, "ping", "-c2", "-W1", address, check=False).returncode
         != 0
     )
 
-    # PENDING(namescon, DNS): the guest resolves the stand-in's name
-    # (`getent hosts <vm>.<project>.internal`) once per-network DNS is on main.
-    # PENDING(namescon, consoles): the console log shows the login prompt; a hard reset brings
-    # SSH back.
-    # PENDING(images, live volumes): a volume attached live appears as
-    # /dev/disk/by-id/virtio-<serial> inside the guest.
+    # Names, on the project's resolver: the other VM by its bare name (the search domain)
+    # and in full, the stand-in by its port's name; another project's name is not there.
+    zone = f"{cloud['project'].slug}.internal"
+    spot_address = port["spot-vm"]["fixed_ips"][0]
+
+    def resolves(name: str) -> str:
+        return outside.run(f"getent hosts {name}", check=False).stdout.split(" ")[0].strip()
+
+    wait_for(
+        lambda: resolves(f"alpha.{zone}") == alpha,
+        timeout=60, what="the stand-in's name on the project's resolver", fleet=fleet,
+    )  # fmt: skip
+    assert resolves(f"spot-vm.{zone}") == spot_address
+    assert resolves("spot-vm") == spot_address
+    assert outside.run(f"getent hosts beta.other-{prefix}.internal", check=False).returncode != 0
+
+    # The reset came back: SSH answers on a new boot, and the console log holds the login
+    # prompt of each boot.
+    spot.wait(BOOT_TIMEOUT_S)
+    assert spot.run("cat /proc/sys/kernel/random/boot_id").stdout.strip() != first_boot
+    console = api.get(f"{urls['spot-vm']}console-log/")
+    assert console.status_code == 200, console.text
+    assert console.json()["output"].count("spot-vm login:") >= 2, console.json()["output"][-2000:]
+
+    # A volume attached live: the guest sees its disk by serial at once, and sees it grow.
+    r = api.post(f"{base}/volumes/", json={"name": "work", "size_gib": 1})
+    assert r.status_code == 201, r.text
+    volume = f"{base}/volumes/{r.json()['id']}/"
+    r = api.post(f"{volume}attach/", json={"vm": vms["spot-vm"]["id"]})
+    assert r.status_code in (200, 202), r.text
+    disk = r.json()["guest_path"]
+    assert disk.startswith("/dev/disk/by-id/virtio-"), disk
+    wait_for(
+        lambda: spot.run(f"test -b {disk}", check=False).returncode == 0,
+        timeout=120, what=f"{disk} inside the running guest", fleet=fleet,
+    )  # fmt: skip
+    assert spot.run(f"sudo blockdev --getsize64 {disk}").stdout.strip() == str(1 << 30)
+    spot.run(f"sudo mkfs.ext4 -q -L kumo-work {disk}")
+    r = api.post(f"{volume}extend/", json={"size_gib": 2})
+    assert r.status_code in (200, 202), r.text
+    wait_for(
+        lambda: spot.run(f"sudo blockdev --getsize64 {disk}").stdout.strip() == str(2 << 30),
+        timeout=120, what="the grown volume inside the guest", fleet=fleet,
+    )  # fmt: skip
+
+    # The host is taken: an on-demand VM needs spot-vm's room. Its watcher runs the hook
+    # and acknowledges before the notice ends; the VM is evicted and the taker placed.
+    r = api.post(
+        f"{base}/vms/",
+        json={"name": "taker", "template": cloud["template"], "image": cloud["image"],
+              "nics": [{"network": "lab"}]},
+    )  # fmt: skip
+    assert r.status_code == 202, r.text
+    cloud["vm_ids"].append(r.json()["id"])
+    taker = f"{base}/vms/{r.json()['id']}/"
+    notice = wait_for(
+        lambda: _state(api, urls["spot-vm"], "evicting", "evicted"),
+        timeout=30, what="spot-vm's eviction notice", fleet=fleet,
+    )  # fmt: skip
+    deadline = notice["eviction_deadline"]
+    evicted = wait_for(
+        lambda: _state(api, urls["spot-vm"], "evicted"),
+        timeout=SPOT_NOTICE_S + 120, what="spot-vm evicted", fleet=fleet,
+    )  # fmt: skip
+    assert evicted["eviction_acknowledged_at"] and evicted["eviction_acknowledged_at"] < deadline
+    wait_for(
+        lambda: api.get(taker).json()["host"] == REAL,
+        timeout=60, what="the taker placed on the freed host", fleet=fleet,
+    )  # fmt: skip
+    assert api.delete(taker).status_code == 202  # its boot is not what this test is about
+
+    # The volume goes to lab-vm, live: the hook's file is on it.
+    r = api.post(f"{volume}detach/")
+    assert r.status_code in (200, 202), r.text
+    r = api.post(f"{volume}attach/", json={"vm": vms["lab-vm"]["id"]})
+    assert r.status_code in (200, 202), r.text
+    wait_for(
+        lambda: outside.run(f"test -b {disk}", check=False).returncode == 0,
+        timeout=120, what=f"{disk} inside lab-vm", fleet=fleet,
+    )  # fmt: skip
+    saved = outside.run(
+        f"sudo mkdir -p /mnt/work && sudo mount {disk} /mnt/work && cat /mnt/work/checkpoint.txt"
+        " && sudo umount /mnt/work"
+    ).stdout
+    assert saved.startswith("saved before stop at "), saved
+
+    # Detached live, the disk goes from inside the running guest.
+    r = api.post(f"{volume}detach/")
+    assert r.status_code in (200, 202), r.text
+    wait_for(
+        lambda: outside.run(f"test -e {disk}", check=False).returncode != 0,
+        timeout=120, what=f"{disk} gone from lab-vm", fleet=fleet,
+    )  # fmt: skip
     print(f"real guest: boot to SSH {boot_s:.1f} s after the port forward")
