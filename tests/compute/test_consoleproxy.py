@@ -9,6 +9,10 @@ guest's shell through the proxy. The refusals (origin, path, token) need no gues
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from urllib.parse import urlsplit
@@ -191,3 +195,35 @@ def test_a_shell_on_a_real_guests_console_through_the_proxy(
         assert "KUMO-42" in log
     finally:
         driver.ensure_absent(spec.vm_id)
+
+
+def test_manage_py_console_proxy_serves_and_stops_on_sigterm(tmp_path):
+    """The process ``manage.py run`` and the systemd unit start: it listens on ``--bind``,
+    answers websockets (a URL without a token is refused before any database work) and
+    exits on SIGTERM."""
+    from controlplane.management.commands.run import topology
+    from tests.e2e.processes import ROOT, free_port
+
+    bind = f"127.0.0.1:{free_port()}"
+    argv = topology(sys.executable, bind="127.0.0.1:1", hosts=[], console_bind=bind)
+    env = {**os.environ, "KUMO_VAR_DIR": str(tmp_path)}
+    log = (tmp_path / "proxy.log").open("w")
+    proc = subprocess.Popen(argv["console-proxy"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                session = Client().open(f"ws://{bind}/vms/{'0' * 8}-0000-4000-8000-{'0' * 12}/")
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (
+                    tmp_path / "proxy.log"
+                ).read_text()
+                time.sleep(0.2)
+        assert session.refusal() == (1008, "token: missing or malformed")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
