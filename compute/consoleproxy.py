@@ -14,8 +14,8 @@ a request handler of Kumo's own, run by ``manage.py console-proxy``:
    (``compute.drivers.serialconsole``) and bytes are relayed both ways, in binary frames,
    until either side closes.
 
-The server is websockify's threaded one (``LibProxyServer``): one thread per session,
-each with its own database connection, closed as its session ends.
+The server is websockify's threaded one (``LibProxyServer``): one thread per session; its
+database connection is closed as soon as the token is redeemed.
 """
 
 from __future__ import annotations
@@ -88,12 +88,6 @@ class ConsoleProxyHandler(ProxyRequestHandler):
         super().handle_upgrade()
 
     def new_websocket_client(self):
-        try:
-            self._relay()
-        finally:
-            connections.close_all()  # this thread's: one session, one connection
-
-    def _relay(self):
         url = urlsplit(self.path)
         token = (parse_qs(url.query).get("token") or [""])[0]
         match = PATH.search(url.path)
@@ -109,6 +103,9 @@ class ConsoleProxyHandler(ProxyRequestHandler):
         except ConsoleRefused as refused:
             log.info("console proxy: refused %s: %s", self.client_address[0], refused.message)
             raise self.CClose(POLICY_VIOLATION, _reason(refused.message)) from None
+        finally:
+            # This thread's database connection: not held for a session that may last hours.
+            connections.close_all()
         log.info(
             "console proxy: vm %s on %s for user %s (token %s)",
             target.vm_id, target.host, target.user_id, target.token_id,
