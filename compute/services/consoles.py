@@ -87,7 +87,15 @@ def _console_conflict(vm: VirtualMachine) -> Conflict | None:
             details={"state": [vm.state]},
         )
     uri = console_libvirt_uri(vm.host)
-    if not uri or uri.startswith("test:"):
+    if not uri:
+        return Conflict(
+            f"vm {vm.name} runs on host {vm.host.name}, whose libvirt the console proxy "
+            "cannot reach: its agent reported no libvirt URI and KUMO_CONSOLE_LIBVIRT_URI "
+            "is not set",
+            code="console_unavailable",
+            details={"host": [vm.host.name]},
+        )
+    if uri.startswith("test:"):
         return Conflict(
             f"vm {vm.name} runs on host {vm.host.name}, a simulated host (libvirt's test "
             "driver), which has no serial console to open",

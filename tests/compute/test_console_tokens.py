@@ -149,11 +149,15 @@ def test_a_vm_not_running_is_a_409_naming_its_state(api, project):
     assert not ConsoleToken.objects.exists()
 
 
-def test_a_vm_on_a_simulated_host_is_a_409_saying_so(api, project):
+@pytest.mark.parametrize(
+    "uri, says", [("test:///default", "simulated"), ("", "KUMO_CONSOLE_LIBVIRT_URI")]
+)
+def test_a_vm_whose_host_the_proxy_cannot_reach_is_a_409_saying_why(api, project, uri, says):
     vm = _vm(project)
-    Host.objects.filter(pk=vm.host_id).update(libvirt_uri="test:///default")
+    Host.objects.filter(pk=vm.host_id).update(libvirt_uri=uri)
     answer = api.post(url(project, vm))
-    assert answer.status_code == 409 and "simulated" in answer.json()["message"]
+    assert answer.status_code == 409 and says in answer.json()["message"]
+    assert answer.json()["code"] == "console_unavailable"
 
 
 def test_readers_may_not_and_other_projects_see_nothing(client_for, project, other_project):
