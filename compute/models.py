@@ -441,3 +441,25 @@ class OrphanGuest(models.Model):
 
     def __str__(self):
         return f"{self.host.name}:{self.vm_id}"
+
+
+class ConsoleToken(ProjectOwnedModel):
+    """A ticket to one VM's interactive serial console, for one user, on one host.
+
+    Issued by ``compute.services.consoles.console_token_issue`` (the API's ``console``
+    action) and redeemed once by the console proxy within ``KUMO_CONSOLE_TOKEN_TTL_S``:
+    redeeming is a conditional UPDATE (``used_at IS NULL AND expires_at > now``), so of two
+    connections with one token exactly one gets the console. Only the token's SHA-256 is
+    kept. Rows are kept for the record (who opened which console when), like audit events.
+    """
+
+    digest = models.CharField(max_length=64, unique=True)
+    vm = models.ForeignKey(VirtualMachine, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"console of {self.vm_id} for user {self.user_id}"

@@ -298,6 +298,25 @@ VM_OPERATION_DEADLINE_S = int(os.environ.get("KUMO_VM_OPERATION_DEADLINE_S", "60
 # to answer (compute.api.views) before it answers 202 with the operation to poll instead;
 # a web worker is held that long at most. Default 3.
 CONSOLE_LOG_WAIT_S = float(os.environ.get("KUMO_CONSOLE_LOG_WAIT_S", "3"))
+# --- The interactive serial console (compute.services.consoles, compute.consoleproxy) -------
+# KUMO_CONSOLE_TOKEN_TTL_S: seconds a console token (POST .../vms/<id>/console/) may be
+# used to connect; a token connects once. The session itself lasts as long as it is open.
+CONSOLE_TOKEN_TTL_S = int(os.environ.get("KUMO_CONSOLE_TOKEN_TTL_S", "60"))
+# KUMO_CONSOLE_PROXY_BIND: host:port the console proxy (manage.py console-proxy) listens on.
+CONSOLE_PROXY_BIND = os.environ.get("KUMO_CONSOLE_PROXY_BIND", "127.0.0.1:6083")
+# KUMO_CONSOLE_PROXY_URL: the proxy's websocket URL as browsers and the CLI reach it (ws://
+# or wss:// behind a TLS-terminating reverse proxy); the API's answer is this ?token=....
+CONSOLE_PROXY_URL = os.environ.get(
+    "KUMO_CONSOLE_PROXY_URL", f"ws://{CONSOLE_PROXY_BIND.replace('0.0.0.0', '127.0.0.1')}/"
+)
+# KUMO_CONSOLE_LIBVIRT_URI: how the proxy reaches a host's libvirt, with {host} for the
+# Kumo host name (qemu+tls://{host}.mgmt.example.ac.jp/system). Empty (the default): the
+# URI the host's agent reports (qemu:///system: proxy and agent on one machine).
+CONSOLE_LIBVIRT_URI = os.environ.get("KUMO_CONSOLE_LIBVIRT_URI", "")
+# KUMO_CONSOLE_ALLOWED_ORIGINS: comma-separated host names a browser's websocket Origin may
+# have, besides ALLOWED_HOSTS (the portal's own names). A client sending no Origin (the
+# CLI, scripts) is let through: the token is what authenticates.
+CONSOLE_ALLOWED_ORIGINS = env_list("KUMO_CONSOLE_ALLOWED_ORIGINS")
 # KUMO_RECONCILE_GRACE_S: a VM changed less than this long ago is not drift yet (its work may
 # still be on the way); older ones whose guest is missing or behind get their work again.
 RECONCILE_GRACE_S = float(os.environ.get("KUMO_RECONCILE_GRACE_S", "5"))

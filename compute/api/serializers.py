@@ -39,6 +39,14 @@ class ConsoleLogSerializer(serializers.Serializer):
     bytes = serializers.IntegerField(help_text="bytes read from the log")
 
 
+class ConsoleTicketSerializer(serializers.Serializer):
+    url = serializers.CharField(
+        help_text="the console proxy's websocket URL for this VM, the token in its query"
+    )
+    token = serializers.CharField(help_text="connects once, to this VM, for this user")
+    expires_at = serializers.DateTimeField(help_text="connect before this (the session may last)")
+
+
 class DeviceSerializer(serializers.ModelSerializer):
     host = serializers.SlugRelatedField(slug_field="name", read_only=True)
     vm = serializers.UUIDField(source="vm_id", read_only=True, allow_null=True)

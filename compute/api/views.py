@@ -239,6 +239,24 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
             output = "".join(output.splitlines(keepends=True)[-lines:])
         return Response({"output": output, "bytes": done.result.get("bytes", 0)})
 
+    @extend_schema(
+        request=None,
+        responses={
+            200: s.ConsoleTicketSerializer,
+            409: OpenApiResponse(
+                ErrorSerializer, description="the VM is not running, or on a simulated host"
+            ),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def console(self, request, project_slug=None, pk=None):
+        """A token to the guest's interactive serial console through the console proxy:
+        ``url`` is the websocket to open (the token in its query). The token connects once,
+        within ``KUMO_CONSOLE_TOKEN_TTL_S`` (60 s), to this VM, for the caller; the proxy
+        checks again then that the caller may still operate the VM and that it runs."""
+        ticket = services.console_token_issue(vm=self.get_object_for_update(), user=request.user)
+        return Response(s.ConsoleTicketSerializer(ticket).data)
+
     @extend_schema(request=None, responses={202: OperationSerializer})
     def destroy(self, request, project_slug=None, pk=None):
         return self._action(services.vm_delete)

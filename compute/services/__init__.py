@@ -7,7 +7,8 @@
 - ``reconcile``: what agents report (inventory, guests, observed state) and the drift work;
 - ``spot``: preemption, eviction notices and the hand-over, guaranteed minimums;
 - ``reclaim``: reclamation of expired projects' and idle VMs;
-- ``shelve``: shelve (release every claim, keep the root disk) and unshelve.
+- ``shelve``: shelve (release every claim, keep the root disk) and unshelve;
+- ``consoles``: tokens to a VM's interactive serial console, and their redeeming.
 """
 
 from compute.services.catalog import (
@@ -17,6 +18,7 @@ from compute.services.catalog import (
     template_create,
     template_update,
 )
+from compute.services.consoles import console_token_issue, console_token_redeem
 from compute.services.hosts import (
     PING_TASK,
     host_heartbeat,
@@ -64,6 +66,8 @@ from compute.services.vms import (
 
 __all__ = [
     "PING_TASK",
+    "console_token_issue",
+    "console_token_redeem",
     "eviction_acknowledge",
     "evictions_reap",
     "guarantee_set",

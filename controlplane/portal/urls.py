@@ -33,6 +33,8 @@ project_urls = [
     path("vms/<uuid:pk>/", vms.vm_detail, name="vm-detail"),
     path("vms/<uuid:pk>/state/", vms.vm_state, name="vm-state"),
     path("vms/<uuid:pk>/console-log/", vms.vm_console_log, name="vm-console-log"),
+    path("vms/<uuid:pk>/console/", vms.vm_console, name="vm-console"),
+    path("vms/<uuid:pk>/console/token/", vms.vm_console_token, name="vm-console-token"),
     re_path(
         rf"^vms/(?P<pk>{UUID})/(?P<action>start|stop|reboot|reset|power_off|delete)/$",
         vms.vm_action,

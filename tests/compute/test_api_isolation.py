@@ -15,6 +15,7 @@ class TestVirtualMachineIsolation(ProjectEndpointContract):
         ("post", "reset/"),
         ("post", "power-off/"),
         ("get", "console-log/"),
+        ("post", "console/"),
     )
     missing_lookup = "00000000-0000-4000-8000-000000000000"
 

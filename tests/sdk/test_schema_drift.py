@@ -50,6 +50,7 @@ OTHER_ANSWERS = [
     (types.User, "/api/v1/user/", "get"),
     (types.InvoiceVerification, "/api/v1/projects/{project_slug}/invoices/{id}/verify/", "get"),
     (types.Quota, "/api/v1/admin/projects/{slug}/quota/", "get"),
+    (types.ConsoleTicket, "/api/v1/projects/{project_slug}/vms/{id}/console/", "post"),
 ]
 
 

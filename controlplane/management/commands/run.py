@@ -1,9 +1,10 @@
 """``manage.py run`` (what ``make run`` calls): the whole Kumo topology on one machine.
 
 Migrates, bootstraps the demo data, then starts and supervises: the web process (gunicorn),
-the controller (Celery on queue ``control``), beat, and one host agent per simulated host
-(Celery on ``host.<name>``). A process that exits is started again after a backoff
-(``controlplane.supervise``, as systemd's ``Restart=always`` does for ``deploy/systemd``).
+the controller (Celery on queue ``control``), beat, the console proxy (``console-proxy``),
+and one host agent per simulated host (Celery on ``host.<name>``). A process that exits is
+started again after a backoff (``controlplane.supervise``, as systemd's ``Restart=always``
+does for ``deploy/systemd``).
 Ctrl-C (or SIGTERM) stops every process and removes what the run made on this machine: the
 project routers' namespaces and the simulated fabric. On the embedded defaults it needs no
 server at all; set DATABASE_URL and CELERY_BROKER_URL to run it on PostgreSQL and Redis.
@@ -29,10 +30,12 @@ def topology(
     hosts: list[str],
     uris: dict[str, str] | None = None,
     agent_args: dict[str, list[str]] | None = None,
+    console_bind: str | None = None,
 ) -> dict[str, list[str]]:
     """The processes of one Kumo machine: name -> argv. ``uris`` gives each simulated host
     its libvirt test-driver node (``manage.py simfleet`` writes them); ``agent_args`` more
-    options per host agent (its simulated network, ``network.simfabric``)."""
+    options per host agent (its simulated network, ``network.simfabric``);
+    ``console_bind``: the console proxy listens there (none without it)."""
     celery = [python, "-m", "celery", "-A", "controlplane.celery"]
     processes = {
         "web": [
@@ -49,6 +52,9 @@ def topology(
             "--loglevel", "INFO",
         ],
     }  # fmt: skip
+    if console_bind:
+        manage = str(settings.BASE_DIR / "manage.py")
+        processes["console-proxy"] = [python, manage, "console-proxy", "--bind", console_bind]
     for host in hosts:
         # Simulated hosts: libvirt's own test driver, no daemon, on a node description with
         # the host's CPUs, NUMA cells and GPUs.
@@ -99,6 +105,8 @@ class Command(BaseCommand):
                     f"  API           {base}/api/v1/   (docs {base}/api/docs/)",
                     f"  Admin console {base}/admin/",
                     f"  Metrics       {base}/metrics   health {base}/healthz {base}/readyz",
+                    f"  Consoles      {settings.CONSOLE_PROXY_URL} (serial console proxy; "
+                    "simulated hosts have no consoles)",
                     f"  Database      {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]}"
                     f"   broker {settings.CELERY_BROKER_URL.split('@')[-1]}",
                     f"  Hosts         {', '.join(host_list) or 'none'} (simulated)",
@@ -116,7 +124,12 @@ class Command(BaseCommand):
 
         manager = Manager(Printer(sys.stdout))
         processes = topology(
-            sys.executable, bind=bind, hosts=host_list, uris=uris, agent_args=agent_args
+            sys.executable,
+            bind=bind,
+            hosts=host_list,
+            uris=uris,
+            agent_args=agent_args,
+            console_bind=settings.CONSOLE_PROXY_BIND,
         )
         if demo_idp["argv"]:
             processes["demo-idp"] = demo_idp["argv"]

@@ -204,6 +204,39 @@ def vm_console_log(request, project, pk):
 
 
 @project_page()
+def vm_console(request, project, pk):
+    """The guest's interactive serial console: a terminal (xterm.js) that asks
+    ``vm_console_token`` for a token and opens the console proxy's websocket with it."""
+    from tenants.choices import Role
+
+    vm = _vm(project, pk)
+    problem = ""
+    if not Role.at_least(request.membership.role, Role.MEMBER):
+        problem = "Only members of the project may open a VM's console."
+    elif vm.state != VmState.RUNNING:
+        problem = f"{vm.name} is {vm.state}: only a running VM has a console to open."
+    return page(request, "portal/vms/console.html", {"vm": vm, "problem": problem}, project=project)
+
+
+@require_POST
+@project_page()
+def vm_console_token(request, project, pk):
+    """A console token for the caller (JSON, as the API's ``console`` action answers), or
+    the reason there is none (``{"message": ...}`` with 409)."""
+    from django.http import JsonResponse
+
+    from controlplane.errors import Conflict
+
+    try:
+        ticket = services.console_token_issue(vm=_vm(project, pk), user=request.user)
+    except Conflict as e:
+        return JsonResponse({"message": e.message}, status=409)
+    return JsonResponse(
+        {"url": ticket.url, "token": ticket.token, "expires_at": ticket.expires_at.isoformat()}
+    )
+
+
+@project_page()
 def vm_state(request, project, pk):
     """The detail page's state panel alone (polled): state, task, power, spot notice."""
     return page(

@@ -243,6 +243,18 @@ def vm_console_log(
     typer.echo(text, nl=not text.endswith("\n"))
 
 
+@command(app, "console")
+def vm_console(ctx: typer.Context, vm: VmArg) -> None:
+    """The URL of a running VM's interactive serial console (a websocket, with a token that
+    connects once within a minute). Open the VM's Console page in the portal for a terminal,
+    or give the URL to a websocket client (binary frames, raw bytes both ways)."""
+    with connect(ctx) as kumo:
+        found = kumo.vms.find(vm, project=current_project(kumo))
+        ticket = kumo.vms.console(found.id, project=current_project(kumo))
+    typer.echo(ticket.url)
+    typer.echo(f"expires {ticket.expires_at.isoformat() if ticket.expires_at else ''}", err=True)
+
+
 @command(app, "delete")
 def vm_delete(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
     """Delete a VM and its NICs."""

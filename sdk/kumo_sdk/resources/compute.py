@@ -9,6 +9,7 @@ from typing import Any
 from kumo_sdk import errors
 from kumo_sdk.resource import CREATE, DELETE, READ, Resource, Singleton
 from kumo_sdk.types import (
+    ConsoleTicket,
     Image,
     Operation,
     PlacementGroup,
@@ -230,6 +231,12 @@ class VirtualMachines(Resource[VirtualMachine]):
         """Power a running VM off at once (its OS is not asked); also while a graceful
         stop or reboot hangs."""
         return self._act(vm_id, "power-off", project, wait=wait, timeout=timeout, on_poll=on_poll)
+
+    def console(self, vm_id: str, *, project: str | None = None) -> ConsoleTicket:
+        """A token to the running VM's interactive serial console: ``url`` is the console
+        proxy's websocket (token included) to open within the token's minute; it connects
+        once. Raw bytes go both ways in binary frames. 409 when the VM is not running."""
+        return decode(ConsoleTicket, self._c.post(f"{self._item(vm_id, project)}console/"))
 
     def console_log(
         self,

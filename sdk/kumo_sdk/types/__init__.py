@@ -23,6 +23,7 @@ from kumo_sdk.types.billing import (
 )
 from kumo_sdk.types.compute import (
     CapacityGuarantee,
+    ConsoleTicket,
     Device,
     Host,
     Image,
@@ -78,6 +79,7 @@ __all__ = [
     "Bucket",
     "Budget",
     "CapacityGuarantee",
+    "ConsoleTicket",
     "Device",
     "Event",
     "ExternalConnection",

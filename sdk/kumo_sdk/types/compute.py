@@ -140,6 +140,17 @@ class ReclamationStep:
 
 
 @dataclass(frozen=True)
+class ConsoleTicket:
+    """A VM's interactive serial console: open ``url`` (a websocket; the token is in its
+    query) before ``expires_at``. The token connects once, to that VM, for its user."""
+
+    url: str
+    token: str
+    expires_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class Reclamation:
     """The project's reclamation: its status, guaranteed minimum, thresholds and steps scheduled."""
 
