@@ -64,43 +64,14 @@ from storage.host_tasks import prepare_volumes
 
 log = logging.getLogger(__name__)
 
-_driver: HypervisorDriver | None = None
-_driver_lock = threading.Lock()
+_locks_lock = threading.Lock()
 # One guest is changed by one task at a time; different guests proceed in parallel.
 _guest_locks: dict[str, threading.Lock] = {}
 
 
 def driver() -> HypervisorDriver:
-    """This agent's one hypervisor connection (libvirt's test driver keeps its guests per
-    connection, so a simulated host must never open a second one)."""
-    global _driver
-    with _driver_lock:
-        if _driver is None:
-            from compute.drivers import accel
-            from compute.drivers.libvirt import LibvirtDriver
-
-            config = runtime.config()
-            chosen = accel.resolve(config.guest_accel)
-            _driver = LibvirtDriver(
-                config.libvirt_uri,
-                cpu_mode=config.guest_cpu_mode,
-                cpu_disable=config.guest_cpu_disable,
-                accel=chosen.accel,
-                host=config.host,
-            )
-            if not _driver.simulated:
-                log.info("guests run on %s (%s)", chosen.accel, chosen.reason)
-        return _driver
-
-
-def close_driver() -> None:
-    """Close the hypervisor connection in an orderly way (the agent calls it on shutdown):
-    left to the interpreter's exit, libvirt's ``virConnect.__del__`` prints a traceback."""
-    global _driver
-    with _driver_lock:
-        hv, _driver = _driver, None
-    if hv is not None:
-        hv.close()
+    """This agent's one hypervisor connection (``controlplane.agent.runtime``)."""
+    return runtime.hypervisor()
 
 
 def applied_store() -> AppliedStore:
@@ -109,7 +80,7 @@ def applied_store() -> AppliedStore:
 
 
 def _guest_lock(vm_id: str) -> threading.Lock:
-    with _driver_lock:
+    with _locks_lock:
         return _guest_locks.setdefault(vm_id, threading.Lock())
 
 

@@ -124,10 +124,8 @@ def prepare_volumes(volumes: tuple[VolumeWire, ...], hv) -> tuple[DiskSpec, ...]
 @shared_task(name=protocol.VOLUME_DELETE_TASK, acks_late=True, time_limit=300, ignore_result=True)
 def volume_delete(*, pool: str, name: str) -> None:
     """Delete volume ``name`` of ``pool`` on this host; a missing one is success."""
-    from compute.host_tasks import driver
-
     try:
-        pool_driver(driver()).ensure_volume_absent(pool, name)
+        pool_driver(runtime.hypervisor()).ensure_volume_absent(pool, name)
     except StorageError as e:
         log.warning("volume %s/%s not deleted: %s", pool, name, e)
         return

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from compute.choices import VmState
 from compute.models import Host, VirtualMachine
+from compute.services.lifecycle import vm_reapply
 from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from network import allocation
@@ -105,17 +106,6 @@ def _locked_vm(vm_id) -> VirtualMachine:
     )
 
 
-def _reapply(vm: VirtualMachine) -> None:
-    """Bump the locked VM's generation and send its host the new ``vm_apply``."""
-    from compute.services.vms import send_apply
-
-    VirtualMachine.objects.filter(pk=vm.pk).update(
-        generation=F("generation") + 1, updated_at=timezone.now()
-    )
-    vm.refresh_from_db(fields=["generation"])
-    send_apply(vm)
-
-
 @transaction.atomic
 def volume_attach(*, volume: Volume, vm: VirtualMachine) -> Volume:
     """Attach an available volume to a placed VM of its project as its next free disk
@@ -151,7 +141,7 @@ def volume_attach(*, volume: Volume, vm: VirtualMachine) -> Volume:
     volume.vm, volume.device, volume.state = vm, free[0], VolumeState.IN_USE
     volume.host = vm.host
     volume.save(update_fields=["vm", "device", "state", "host", "updated_at"])
-    _reapply(vm)
+    vm_reapply(vm)
     audit.record(
         "volume.attach",
         volume,
@@ -177,7 +167,7 @@ def volume_detach(*, volume: Volume) -> Volume:
     vm = _locked_vm(volume.vm_id)
     device = volume.device
     _detach(volume)
-    _reapply(vm)
+    vm_reapply(vm)
     audit.record(
         "volume.detach",
         volume,
@@ -221,7 +211,7 @@ def volume_extend(*, volume: Volume, size_gib: int) -> Volume:
     volume.save(update_fields=["size_gib", "updated_at"])
     _usage(volume, UsageKind.VOLUME, size_gib)
     if volume.vm_id is not None:
-        _reapply(_locked_vm(volume.vm_id))
+        vm_reapply(_locked_vm(volume.vm_id))
     audit.record(
         "volume.extend", volume, project=volume.project, detail={"from": before, "to": size_gib}
     )

@@ -25,12 +25,8 @@ from compute.gpus import device_model
 from compute.models import Device, Host, OrphanGuest, VirtualMachine
 from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
 from compute.services import reclaim, shelve, spot
-from compute.services.vms import (
-    current_operation,
-    desired_power,
-    send_apply,
-    vm_finish_delete,
-)
+from compute.services.lifecycle import current_operation, desired_power, send_apply
+from compute.services.vms import vm_finish_delete
 from controlplane import agents, audit
 from controlplane.errors import Conflict
 from controlplane.services import operation_create, operation_finish

@@ -13,7 +13,7 @@ and the next boot's domain names it as its root disk, which is what the tests re
 The life:
 
 1. ``vm_shelve``: running or stopped → ``shelving`` (a conditional update on the
-   generation, ``compute.services.vms._transition``). The VM keeps its claim and bills it
+   generation, ``compute.services.lifecycle.transition``). The VM keeps its claim and bills it
    at the held price until its host reports the guest gone.
 2. ``vm_finish_shelve`` (the host reports the guest absent at the shelve's generation,
    ``compute.services.reconcile``): in one transaction its GPUs, vCPUs, memory and host
@@ -31,9 +31,7 @@ removes it: it is named by the VM's id).
 from __future__ import annotations
 
 import logging
-from pathlib import PurePosixPath
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -41,12 +39,13 @@ from compute import placement
 from compute.choices import DesiredPower, HostState, Priority, VmState, VmTask
 from compute.models import Host, VirtualMachine
 from compute.protocol import VM_APPLY_TASK, VmApply
-from compute.services.vms import (
-    _guard,
-    _open_operation,
-    _requeue,
-    _transition,
+from compute.services.lifecycle import (
+    guard,
+    kept_disk_path,
+    open_operation,
+    requeue,
     send_apply,
+    transition,
 )
 from controlplane import agents, audit, events
 from controlplane.models import Operation
@@ -55,32 +54,12 @@ from tenants import usage
 log = logging.getLogger(__name__)
 
 
-def kept_disk_path(vm: VirtualMachine) -> str:
-    """Where ``vm``'s root disk is kept once shelved (the same path on every host)."""
-    return vm.kept_disk or str(PurePosixPath(settings.SHELVE_STORE) / f"{vm.pk}.qcow2")
-
-
-def absent_extra(vm: VirtualMachine) -> dict:
-    """What a host task that removes ``vm``'s guest must also do with its root disk: keep
-    it (shelving) or, for a VM that booted from a kept disk and is deleted, remove it."""
-    if vm.state == VmState.SHELVING:
-        return {"keep_root_disk": kept_disk_path(vm)}
-    if vm.state == VmState.DELETING and vm.kept_disk:
-        return {"remove_root_disk": vm.kept_disk}
-    return {}
-
-
-def boot_extra(vm: VirtualMachine) -> dict:
-    """What a host task that builds ``vm``'s guest needs to boot its kept disk."""
-    return {"root_disk": vm.kept_disk} if vm.kept_disk else {}
-
-
 @transaction.atomic
 def vm_shelve(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """running or stopped → shelving → shelved once its host has kept its disk and let go
     (``vm_finish_shelve``). 409 from any other state or with an action in flight."""
-    _guard(vm, "shelve")
-    vm = _transition(
+    guard(vm, "shelve")
+    vm = transition(
         vm,
         state=VmState.SHELVING,
         task_state=VmTask.NONE,
@@ -91,7 +70,7 @@ def vm_shelve(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
         reclaim_noticed_at=None,
         state_reason="stopping and keeping the root disk; then every claim is released",
     )
-    operation = _open_operation(vm, "vm.shelve", actor)
+    operation = open_operation(vm, "vm.shelve", actor)
     audit.record(
         "vm.shelve",
         vm,
@@ -136,27 +115,12 @@ def vm_finish_shelve(vm: VirtualMachine) -> None:
     log.info("vm %s generation %d: shelved from %s", vm.pk, vm.generation, host_name)
 
 
-def shelve_evicted(vm: VirtualMachine, host: Host, now) -> dict:
-    """The changes that make an evicted spot VM (its guest already shut off on ``host``,
-    its claim released by the caller) shelved rather than evicted, and the task that keeps
-    its disk on ``host`` after commit. For a template whose ``evict_action`` is shelve."""
-    kept = kept_disk_path(vm)
-    message = VmApply(
-        vm_id=str(vm.pk),
-        generation=vm.generation + 1,
-        desired=DesiredPower.ABSENT,
-        extra={"keep_root_disk": kept},
-    )
-    agents.send_to_host(host.name, VM_APPLY_TASK, **message.to_wire())
-    return {"state": VmState.SHELVED, "kept_disk": kept, "shelved_at": now}
-
-
 @transaction.atomic
 def vm_unshelve(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """shelved → pending → placed anywhere it fits, as a new request: when nothing fits it
     waits (an on-demand VM may evict spot VMs for it). Its quota is claimed again (a
     shelved VM holds none), so a project that used it meanwhile gets 409."""
-    operation, placed = _requeue(vm, action="unshelve", kind="vm.unshelve", actor=actor)
+    operation, placed = requeue(vm, action="unshelve", kind="vm.unshelve", actor=actor)
     if not placed and vm.priority == Priority.ON_DEMAND:
         from compute.services import spot
 

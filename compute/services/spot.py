@@ -1,7 +1,7 @@
 """Spot VMs: preemption for on-demand requests, eviction notices, the hand-over, restart.
 
 The life of an eviction, every step a conditional update through
-``compute.services.vms._transition`` (so whatever follows VM states, billing included,
+``compute.services.vms.transition`` (so whatever follows VM states, billing included,
 sees each one), and every step in the database, so a restarted controller carries on:
 
 1. ``preempt_for(vm)``: an on-demand VM that placement could not fit asks
@@ -50,17 +50,19 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from compute import placement
-from compute.choices import PowerState, Priority, VmState, VmTask
+from compute.choices import DesiredPower, PowerState, Priority, VmState, VmTask
 from compute.models import CapacityGuarantee, Host, VirtualMachine
 from compute.preemption import Candidate, Preemption, choose_victims
+from compute.protocol import VM_APPLY_TASK, VmApply
 from compute.scheduler import NoValidHost
-from compute.services.vms import (
-    _requeue,
-    _transition,
+from compute.services.lifecycle import (
     current_operation,
+    kept_disk_path,
+    requeue,
     send_apply,
+    transition,
 )
-from controlplane import audit, events
+from controlplane import agents, audit, events
 from controlplane.errors import Conflict, NotFound
 from controlplane.models import Operation
 
@@ -375,7 +377,7 @@ def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> da
     """One victim's notice: evicting, with its deadline (a stopped one has no notice)."""
     running = victim.state == VmState.RUNNING
     deadline = now + timedelta(seconds=victim.template.eviction_notice_s if running else 0)
-    _transition(
+    transition(
         victim,
         state=VmState.EVICTING,
         task_state=VmTask.NONE if running else VmTask.STOPPING,
@@ -402,7 +404,7 @@ def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> da
 
 def _stop_now(vm: VirtualMachine, *, why: str) -> None:
     """The notice is over: ask the host to stop the guest."""
-    _transition(vm, task_state=VmTask.STOPPING)
+    transition(vm, task_state=VmTask.STOPPING)
     audit.record("vm.eviction_stop", vm, project=vm.project, detail={"why": why})
     send_apply(vm, operation_id=current_operation(vm))
 
@@ -420,7 +422,7 @@ def eviction_acknowledge(*, vm: VirtualMachine) -> VirtualMachine:
         raise NotFound("no eviction notice for this VM")
     if vm.task_state == VmTask.NONE:
         now = timezone.now()
-        _transition(
+        transition(
             vm,
             eviction_acknowledged_at=now,
             eviction_deadline=min(vm.eviction_deadline or now, now),
@@ -498,14 +500,13 @@ def evictions_hand_over(host: Host) -> list[str]:
 def _evict(victims: list[VirtualMachine], host: Host) -> None:
     """Release what ``victims`` hold on ``host`` and move them to evicted."""
     from compute.choices import EvictAction
-    from compute.services import shelve
 
     now = timezone.now()
     for victim in victims:
         placement.release(victim)
         shelving = victim.template.evict_action == EvictAction.SHELVE
-        outcome = shelve.shelve_evicted(victim, host, now) if shelving else {}
-        _transition(
+        outcome = _shelve_evicted(victim, host, now) if shelving else {}
+        transition(
             victim,
             **{"state": VmState.EVICTED, **outcome},
             task_state=VmTask.NONE,
@@ -527,6 +528,21 @@ def _evict(victims: list[VirtualMachine], host: Host) -> None:
             payload={"vm": str(victim.pk), "evicted_at": now.isoformat(), "host": host.name},
         )
         log.info("vm %s generation %d: evicted from %s", victim.pk, victim.generation, host.name)
+
+
+def _shelve_evicted(vm: VirtualMachine, host: Host, now) -> dict:
+    """The changes that make an evicted spot VM (its guest already shut off on ``host``,
+    its claim released by the caller) shelved rather than evicted, and the task that keeps
+    its disk on ``host`` after commit. For a template whose ``evict_action`` is shelve."""
+    kept = kept_disk_path(vm)
+    message = VmApply(
+        vm_id=str(vm.pk),
+        generation=vm.generation + 1,
+        desired=DesiredPower.ABSENT,
+        extra={"keep_root_disk": kept},
+    )
+    agents.send_to_host(host.name, VM_APPLY_TASK, **message.to_wire())
+    return {"state": VmState.SHELVED, "kept_disk": kept, "shelved_at": now}
 
 
 def shut_off(vm: VirtualMachine) -> bool:
@@ -576,7 +592,7 @@ def _place_waiter(waiter_id, host_id: int) -> None:
 def vm_start_evicted(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """evicted → pending → placed when room is free. Its quota is claimed again (an evicted
     VM holds none), so a project that used it meanwhile gets 409."""
-    operation, _placed = _requeue(vm, action="start", kind="vm.start", actor=actor)
+    operation, _placed = requeue(vm, action="start", kind="vm.start", actor=actor)
     audit.record(
         "vm.start",
         vm,

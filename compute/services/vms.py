@@ -7,262 +7,37 @@ The host work each action asks for goes out after commit, carrying the new gener
 """
 
 import logging
-import time
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from compute import placement
-from compute.choices import DesiredPower, Priority, VmState, VmTask
+from compute.choices import Priority, VmState, VmTask
 from compute.models import Image, PlacementGroup, Template, VirtualMachine
 from compute.protocol import (
     CONSOLE_LOG_MAX_BYTES,
-    VM_APPLY_TASK,
     VM_CONSOLE_LOG_TASK,
-    DeviceWire,
-    InterfaceWire,
-    VmApply,
 )
 from compute.scheduler import NoValidHost
-from compute.services.images import image_fetch
+from compute.services.lifecycle import (
+    current_operation,
+    guard,
+    lock,
+    open_operation,
+    place,
+    require_active,
+    send_apply,
+    supersede_operations,
+    transition,
+)
 from controlplane import agents, audit
-from controlplane.choices import OperationState
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
-from controlplane.services import DEADLINE_EXCEEDED, operation_create, operation_finish
+from controlplane.services import operation_create, operation_finish
 from tenants import quotas, usage
-from tenants.choices import ProjectStatus
 from tenants.models import Project
 
 log = logging.getLogger(__name__)
-
-# Which actions each state allows. Delete is allowed from every state but the last ones.
-ACTIONS: dict[str, set[str]] = {
-    VmState.PENDING: {"delete"},
-    VmState.PROVISIONING: {"delete"},
-    VmState.RUNNING: {"stop", "reboot", "reset", "power_off", "shelve", "delete"},
-    VmState.STOPPED: {"start", "shelve", "delete"},
-    VmState.ERROR: {"delete"},
-    VmState.EVICTING: {"delete"},
-    VmState.EVICTED: {"start", "delete"},
-    VmState.SHELVING: {"delete"},
-    VmState.SHELVED: {"unshelve", "delete"},
-    VmState.DELETING: set(),
-    VmState.DELETED: set(),
-}
-
-
-def desired_power(vm: VirtualMachine) -> str | None:
-    """What the host should make of the guest now; None when no host work is wanted."""
-    if vm.state in (VmState.DELETING, VmState.SHELVING):
-        return DesiredPower.ABSENT
-    if vm.task_state in (VmTask.STARTING, VmTask.REBOOTING, VmTask.RESETTING):
-        return DesiredPower.RUNNING
-    if vm.task_state == VmTask.POWERING_OFF:
-        return DesiredPower.STOPPED
-    if vm.state == VmState.EVICTING:
-        # The guest runs out its notice, then stops (``compute.services.spot``).
-        ended = vm.eviction_deadline is not None and vm.eviction_deadline <= timezone.now()
-        stop = vm.task_state == VmTask.STOPPING or ended
-        return DesiredPower.STOPPED if stop else DesiredPower.RUNNING
-    if vm.task_state == VmTask.STOPPING or vm.state == VmState.STOPPED:
-        return DesiredPower.STOPPED
-    if vm.state in (VmState.PROVISIONING, VmState.RUNNING):
-        return DesiredPower.RUNNING
-    return None
-
-
-def interfaces(vm: VirtualMachine) -> tuple[InterfaceWire, ...]:
-    """The guest's NICs, in order, from its ports (``network``)."""
-    from network.selectors import vm_interfaces
-
-    return vm_interfaces(vm)
-
-
-def storage(vm: VirtualMachine) -> dict:
-    """The guest's attached volumes and the shares it mounts (``storage``)."""
-    from storage.selectors import vm_mounts, vm_volumes
-
-    return {"volumes": vm_volumes(vm), "mounts": vm_mounts(vm)}
-
-
-def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
-    """The host task that converges ``vm``'s guest to what the database wants now."""
-    from compute.services import shelve
-
-    desired = desired_power(vm)
-    if desired == DesiredPower.ABSENT:
-        return VmApply(
-            vm_id=str(vm.pk),
-            generation=vm.generation,
-            desired=desired,
-            operation_id=operation_id,
-            graceful_timeout_s=settings.VM_STOP_GRACE_S,
-            extra=shelve.absent_extra(vm),
-        )  # a removal never expires: it is always safe
-    devices = tuple(
-        DeviceWire(
-            address=d.pci_address,
-            kind=d.kind,
-            numa_node=d.numa_node,
-            class_code=d.class_code,
-            vendor_id=d.vendor_id,
-            product_id=d.product_id,
-        )
-        for d in sorted(vm.devices.all(), key=lambda d: d.pci_address)
-    )
-    return VmApply(
-        vm_id=str(vm.pk),
-        generation=vm.generation,
-        desired=desired,
-        name=f"{vm.project.slug}/{vm.name}",
-        hostname=vm.name,
-        vcpus=vm.vcpus,
-        memory_mib=vm.memory_mib,
-        numa_cell=vm.numa_cell,
-        devices=devices,
-        image_location=vm.image.location,
-        image_format=vm.image.format,
-        **image_fetch(vm.image),
-        disk_gib=vm.disk_gib,
-        ssh_keys=tuple(vm.ssh_keys),
-        user_data=vm.user_data,
-        reboot=vm.task_state == VmTask.REBOOTING,
-        reset=vm.task_state == VmTask.RESETTING,
-        graceful_timeout_s=0
-        if vm.task_state == VmTask.POWERING_OFF
-        else settings.SPOT_STOP_GRACE_S
-        if vm.state == VmState.EVICTING
-        else settings.VM_STOP_GRACE_S,
-        operation_id=operation_id,
-        interfaces=interfaces(vm),
-        extra={
-            "metadata": {"url": settings.METADATA_URL, "token": vm.metadata_token},
-            **shelve.boot_extra(vm),
-        },
-        expires_at=time.time() + settings.VM_APPLY_TTL_S,
-        **storage(vm),
-    )
-
-
-def send_apply(vm: VirtualMachine, *, operation_id: str = "") -> None:
-    """Send the host its work for ``vm`` once the current transaction commits."""
-    if vm.host_id is None or desired_power(vm) is None:
-        return
-    message = apply_message(vm, operation_id=operation_id)
-    agents.send_to_host(vm.host.name, VM_APPLY_TASK, **message.to_wire())
-
-
-def _open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
-    return operation_create(
-        kind=kind,
-        target=vm,
-        project=vm.project,
-        created_by=actor,
-        deadline_s=settings.VM_OPERATION_DEADLINE_S,
-    )
-
-
-def _vm_operations(vm: VirtualMachine):
-    return Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
-
-
-def current_operation(vm: VirtualMachine) -> str:
-    """The id of the newest operation on ``vm`` a host's answer may still finish: unfinished,
-    or failed by the reaper's deadline alone (a late success overturns that;
-    ``controlplane.services.operation_finish``)."""
-    op = (
-        _vm_operations(vm)
-        .filter(
-            Q(state__in=[OperationState.PENDING, OperationState.RUNNING])
-            | Q(state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED)
-        )
-        .order_by("-created_at")
-        .values_list("pk", flat=True)
-        .first()
-    )
-    return str(op) if op else ""
-
-
-def _supersede_operations(vm: VirtualMachine, by: str) -> None:
-    """Finish every open operation on ``vm`` at once, failed as ``superseded``: the VM is
-    being deleted, so nothing they asked for will happen (a create whose VM never launched,
-    a start or stop overtaken by the delete)."""
-    for op_id in (
-        _vm_operations(vm)
-        .filter(state__in=[OperationState.PENDING, OperationState.RUNNING])
-        .values_list("pk", flat=True)
-    ):
-        operation_finish(
-            operation_id=op_id,
-            ok=False,
-            error_code="superseded",
-            error_message=f"the VM was deleted meanwhile ({by})",
-        )
-
-
-def _require_active(project: Project) -> None:
-    if project.status != ProjectStatus.ACTIVE:
-        raise Conflict(
-            f"project {project.slug} is {project.status}; nothing new may start in it",
-            details={"project": [project.status]},
-        )
-
-
-def _lock(vm: VirtualMachine) -> VirtualMachine:
-    """Lock ``vm``'s row and re-read it, so the guard that follows judges the state as it is
-    now: an internal transition committed meanwhile (provisioning → running) is seen, and
-    one in flight is waited for, instead of failing the action with "changed meanwhile".
-    Call inside the action's transaction; the lock is held until it commits."""
-    list(VirtualMachine.objects.select_for_update().filter(pk=vm.pk).values_list("pk"))
-    vm.refresh_from_db()
-    return vm
-
-
-# Actions that may overrule one in flight: a guest hanging in a graceful stop or reboot
-# can still be powered off, or reset.
-OVERRULES = {
-    "delete": {t for t in VmTask.values},
-    "power_off": {VmTask.STOPPING, VmTask.REBOOTING, VmTask.RESETTING},
-    "reset": {VmTask.REBOOTING},
-}
-
-
-def _guard(vm: VirtualMachine, action: str) -> None:
-    allowed = ACTIONS.get(vm.state, set())
-    if action not in allowed or (vm.task_state and vm.task_state not in OVERRULES.get(action, ())):
-        doing = f" ({vm.task_state} in progress)" if vm.task_state else ""
-        raise Conflict(
-            f"vm {vm.name} is {vm.state}{doing}; cannot {action} it",
-            code="invalid_state",
-            details={"state": [vm.state], "task_state": [vm.task_state]},
-        )
-
-
-def _transition(vm: VirtualMachine, **changes) -> VirtualMachine:
-    """Apply ``changes`` and bump the generation, if and only if nobody changed the VM since
-    it was read: the second of two racing actions gets 409. The VM's usage intervals follow
-    its new state in the same transaction (``tenants.usage``), at the same instant."""
-    now = timezone.now()
-    updated = VirtualMachine.objects.filter(
-        pk=vm.pk, generation=vm.generation, state=vm.state, task_state=vm.task_state
-    ).update(**changes, generation=vm.generation + 1, updated_at=now)
-    if not updated:
-        current = VirtualMachine.objects.filter(pk=vm.pk).values("state", "task_state").first()
-        state = current["state"] if current else VmState.DELETED
-        raise Conflict(
-            f"vm {vm.name} changed meanwhile and is now {state}; try again",
-            code="invalid_state",
-            details={"state": [state]},
-        )
-    for name, value in changes.items():
-        setattr(vm, name, value)
-    vm.generation += 1
-    usage.vm_usage_sync(vm, at=now)
-    return vm
-
 
 # --- create ---------------------------------------------------------------------------------
 
@@ -294,7 +69,7 @@ def vm_create(
     stays pending with the reason and the controller places it when room appears, unless
     ``wait_for_capacity`` is false: then nothing is created and the answer is 409.
     """
-    _require_active(project)
+    require_active(project)
     if not template.active:
         raise InvalidInput.field("template", f"template {template.name} is withdrawn")
     if not Image.objects.usable_by(project).filter(pk=image.pk).exists():
@@ -344,9 +119,9 @@ def vm_create(
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
     _create_ports(vm, nics)
-    operation = _open_operation(vm, "vm.create", actor)
+    operation = open_operation(vm, "vm.create", actor)
     try:
-        _place(vm)
+        place(vm)
     except NoValidHost as e:
         if not wait_for_capacity:
             raise Conflict(e.reason, code="no_capacity", details={"capacity": [e.reason]}) from e
@@ -389,47 +164,6 @@ def _create_ports(vm: VirtualMachine, nics) -> None:
         )
 
 
-def _place(vm: VirtualMachine) -> None:
-    """Claim a host for ``vm`` and bind its ports there (raises NoValidHost)."""
-    from network import services as network
-
-    placement.place(vm)
-    network.ports_bind(vm)
-
-
-def _requeue(vm: VirtualMachine, *, action: str, kind: str, actor) -> tuple[Operation, bool]:
-    """A VM that holds no claim (evicted, shelved) asks for one again, as a new request:
-    its quota is claimed again (409 when the project used it meanwhile), it turns pending
-    and is placed where it fits. Returns its operation and whether it was placed; when
-    nothing fits it waits, with the reason. ``vm`` is updated in place."""
-    _require_active(vm.project)
-    _guard(vm, action)
-    quotas.check(
-        vm.project,
-        vms=1,
-        vcpus=vm.vcpus,
-        memory_gib=-(-vm.memory_mib // 1024),
-        gpus=vm.gpus,
-    )
-    _transition(
-        vm,
-        state=VmState.PENDING,
-        task_state=VmTask.NONE,
-        eviction_notice_at=None,
-        eviction_deadline=None,
-        eviction_acknowledged_at=None,
-        state_reason="waiting for capacity",
-    )
-    operation = _open_operation(vm, kind, actor)
-    try:
-        _place(vm)
-    except NoValidHost as e:
-        VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
-        vm.state_reason = e.reason[:500]
-        return operation, False
-    return operation, True
-
-
 def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
     placed in its own transaction, so one failure holds up no other."""
@@ -450,7 +184,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             if vm is None:
                 continue  # placed, deleted, or now waiting for evictions meanwhile
             try:
-                _place(vm)
+                place(vm)
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
@@ -469,9 +203,9 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
 
 
 def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMachine, Operation]:
-    _guard(_lock(vm), action)
-    vm = _transition(vm, **changes)
-    operation = _open_operation(vm, f"vm.{action}", actor)
+    guard(lock(vm), action)
+    vm = transition(vm, **changes)
+    operation = open_operation(vm, f"vm.{action}", actor)
     audit.record(f"vm.{action}", vm, project=vm.project, detail={"operation": str(operation.pk)})
     send_apply(vm, operation_id=str(operation.pk))
     return vm, operation
@@ -481,7 +215,7 @@ def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMach
 def vm_start(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operation]:
     """stopped → running (task ``starting`` until the host reports it running); an evicted
     spot VM claims room again (``compute.services.spot.vm_start_evicted``)."""
-    _require_active(vm.project)
+    require_active(vm.project)
     if vm.state == VmState.EVICTED:
         from compute.services import spot
 
@@ -549,7 +283,7 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
     """Delete from any live state. A VM that was never placed is gone at once; a placed one
     is deleting until its host reports the guest absent, and only then gives back its
     host's capacity and GPUs, so nothing is handed out while the guest may still hold it."""
-    _guard(_lock(vm), "delete")
+    guard(lock(vm), "delete")
     from network import services as network
 
     # The ports go now, not when the guest is gone: its NAT and forwards stop at once and
@@ -563,7 +297,7 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
             from compute.services import shelve
 
             shelve.kept_disk_remove(vm)
-        vm = _transition(
+        vm = transition(
             vm, state=VmState.DELETED, task_state=VmTask.NONE, deleted_at=timezone.now()
         )
         pending = current_operation(vm)
@@ -574,13 +308,13 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
                 error_code="deleted",
                 error_message="the VM was deleted before it was placed",
             )
-        _supersede_operations(vm, by="deleted before it was placed")
-        operation = _open_operation(vm, "vm.delete", actor)
+        supersede_operations(vm, by="deleted before it was placed")
+        operation = open_operation(vm, "vm.delete", actor)
         audit.record("vm.delete", vm, project=vm.project, detail={"operation": str(operation.pk)})
         operation_finish(operation_id=operation.pk, ok=True, result={"state": vm.state})
         operation.refresh_from_db()
         return vm, operation
-    _supersede_operations(vm, by="deleted by a delete request")
+    supersede_operations(vm, by="deleted by a delete request")
     return _act(vm, "delete", actor, state=VmState.DELETING, task_state=VmTask.NONE)
 
 

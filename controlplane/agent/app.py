@@ -90,10 +90,8 @@ def _resolve(path: str):
 
 def _close_drivers(**_kwargs) -> None:
     """On shutdown, close the hypervisor connection before the interpreter tears it down."""
-    from compute import host_tasks
-
     try:
-        host_tasks.close_driver()
+        runtime.close_hypervisor()
     except Exception as e:  # shutting down: say it, never raise
         log.warning("hypervisor connection not closed cleanly: %s", e)
 

@@ -15,7 +15,7 @@ from compute.choices import VmState
 from compute.drivers.applied import KEEP_TOMBSTONES_S, AppliedStore
 from compute.drivers.base import GuestNotFound
 from compute.protocol import ABSENT, VmApply
-from compute.services.vms import current_operation
+from compute.services.lifecycle import current_operation
 from controlplane.agent import reports, runtime
 from controlplane.agent.config import AgentConfig
 from tests.compute.test_host_tasks import VM, message
@@ -45,7 +45,7 @@ def hv(tmp_path):
 def agent(hv, monkeypatch):
     """The real ``vm_apply`` task on ``hv``; what it reports is collected."""
     said = []
-    monkeypatch.setattr(host_tasks, "_driver", hv)
+    monkeypatch.setattr(runtime, "_hypervisor", hv)
     monkeypatch.setattr(
         reports, "send", lambda host, kind, payload, **kw: said.append((kind, payload))
     )

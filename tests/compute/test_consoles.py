@@ -12,7 +12,7 @@ from compute.drivers.base import GuestSpec, PowerState
 from compute.drivers.fake import FakeDriver
 from compute.models import Host, VirtualMachine
 from compute.protocol import VmApply
-from compute.services import vms as vm_services
+from compute.services import lifecycle as vm_services
 from controlplane import tasks as control_tasks
 from controlplane.agent import reports, runtime
 from controlplane.agent.config import AgentConfig

@@ -10,7 +10,7 @@ from compute import services
 from compute.choices import ImageState, VmState
 from compute.models import Image, VirtualMachine
 from compute.services.images import image_store
-from compute.services.vms import apply_message
+from compute.services.lifecycle import apply_message
 from controlplane.models import AuditEvent
 from tenants.choices import Role
 from tests.factories import add_member, make_vm

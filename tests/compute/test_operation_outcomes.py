@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from compute import services
 from compute.choices import VmState
-from compute.services.vms import current_operation
+from compute.services.lifecycle import current_operation
 from controlplane.models import Operation
 from controlplane.services import operations_reap
 from tests.compute.test_vms import fresh

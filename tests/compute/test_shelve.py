@@ -18,7 +18,7 @@ from compute.drivers.libvirt import LibvirtDriver
 from compute.models import Device, Host, VirtualMachine
 from compute.protocol import VmApply
 from compute.services import spot
-from compute.services.vms import apply_message
+from compute.services.lifecycle import apply_message
 from controlplane.agent import runtime
 from controlplane.agent.config import AgentConfig
 from controlplane.errors import Conflict

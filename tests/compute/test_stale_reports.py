@@ -9,7 +9,7 @@ from django.utils import timezone
 from compute import services
 from compute.choices import VmState
 from compute.models import Device, VirtualMachine
-from compute.services.vms import current_operation
+from compute.services.lifecycle import current_operation
 from network.models import HostNetwork
 from tests.compute.test_vms import fresh
 from tests.factories import enroll_network, make_host, make_template, make_vm

@@ -12,7 +12,7 @@ from compute.choices import HostState, PowerState, Priority, VmState, VmTask
 from compute.models import Device, Host, VirtualMachine
 from compute.protocol import VM_APPLY_TASK
 from compute.selectors import host_usage_drift
-from compute.services.vms import current_operation
+from compute.services.lifecycle import current_operation
 from controlplane.errors import Conflict, InvalidInput, QuotaExceeded
 from controlplane.models import Operation
 from tenants import quotas as tenant_quotas

@@ -89,10 +89,10 @@ def test_a_dead_webhook_is_one_log_line_per_failed_delivery_with_backoff(
     event = events.emit("vm.notice", project=project, message="m")
     from controlplane.tasks import WEBHOOK_ATTEMPTS
 
-    caplog.set_level("INFO", logger="controlplane.tasks")
+    caplog.set_level("INFO", logger="controlplane.events")
     for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
         webhook_deliver(webhook_id=hook.pk, event_id=event.pk, attempt=attempt)
-    lines = [r for r in caplog.records if r.name == "controlplane.tasks"]
+    lines = [r for r in caplog.records if r.name == "controlplane.events"]
     assert len(lines) == WEBHOOK_ATTEMPTS
     assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
     assert "given up" in lines[-1].getMessage()

@@ -90,15 +90,15 @@ def test_stopping_removes_the_router_namespaces_and_the_fabric(monkeypatch):
 
 
 def test_the_agent_closes_its_hypervisor_connection_on_shutdown(tmp_path, monkeypatch):
-    from compute import host_tasks
     from compute.drivers import simnode
     from compute.drivers.libvirt import LibvirtDriver
     from controlplane.agent import app as agent_app
+    from controlplane.agent import runtime
 
     fleet = simnode.write_fleet(tmp_path / "fleet", 1, 0)
     hv = LibvirtDriver(f"test://{fleet['gpu-01']}")
-    monkeypatch.setattr(host_tasks, "_driver", hv)
+    monkeypatch.setattr(runtime, "_hypervisor", hv)
     conn = hv._conn
     agent_app._close_drivers()
-    assert host_tasks._driver is None
+    assert runtime._hypervisor is None
     assert conn._o is None  # closed: nothing left for virConnect.__del__ at exit

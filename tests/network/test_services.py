@@ -148,7 +148,7 @@ def test_a_vm_gets_a_port_bound_to_its_host_and_the_guest_its_nic(project, fleet
     vm = make_vm(project, template=make_template(gpus=1), nics=[{"network": net}])
     port = Port.objects.get(vm=vm)
     assert port.host_id == vm.host_id and port.bound_generation > 0
-    from compute.services.vms import apply_message
+    from compute.services.lifecycle import apply_message
 
     nic = apply_message(vm).interfaces[0]
     assert nic.mac == port.mac and nic.mtu == 1450 and nic.device == f"tp-{port.pk.hex[:12]}"

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from compute.services.vms import apply_message
+from compute.services.lifecycle import apply_message
 from controlplane.errors import Conflict
 from storage import protocol, services
 from storage.drivers.fake import FakeShareDriver

@@ -11,7 +11,7 @@ from compute import host_tasks
 from compute.drivers import simnode
 from compute.drivers.libvirt import LibvirtDriver
 from compute.protocol import VmApply
-from compute.services.vms import apply_message
+from compute.services.lifecycle import apply_message
 from controlplane.agent import runtime
 from controlplane.agent.config import AgentConfig
 from controlplane.errors import Conflict, InvalidInput, QuotaExceeded

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from compute import services
 from compute.choices import Priority, VmState
-from compute.services.vms import _transition, current_operation
+from compute.services.lifecycle import current_operation, transition
 from tenants import services as tenants
 from tenants import usage
 from tenants.choices import UsageResource
@@ -146,7 +146,7 @@ def test_an_evicted_spot_vm_stops_paying_at_the_eviction(project):
     make_host()
     vm = make_vm(project, template=make_template(gpus=1), priority=Priority.SPOT)
     report(vm, "running")
-    vm = _transition(fresh(vm), state=VmState.EVICTING)
+    vm = transition(fresh(vm), state=VmState.EVICTING)
     assert len(open_resources(vm)) == 3
     report(fresh(vm), "shutoff")
     vm = fresh(vm)
@@ -162,7 +162,7 @@ def test_eviction_through_transition_closes_at_the_transitions_time(project):
     make_host()
     vm = make_vm(project, priority=Priority.SPOT)
     report(vm, "running")
-    vm = _transition(fresh(vm), state=VmState.EVICTED)
+    vm = transition(fresh(vm), state=VmState.EVICTED)
     assert {r.ended_at for r in records(vm)} == {fresh(vm).updated_at}
 
 

@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from compute import services
 from compute.choices import Priority, VmState
 from compute.models import Template, VirtualMachine
-from compute.services import vms as vms_service
+from compute.services import lifecycle
 from controlplane.errors import KumoError
 from controlplane.models import AuditEvent, Event
 from controlplane.portal import reports
@@ -32,12 +32,12 @@ ACTIONS = {
 
 
 def allowed_actions(vm: VirtualMachine) -> set[str]:
-    """The buttons to offer: what ``compute.services.vms.ACTIONS`` allows in the VM's state
+    """The buttons to offer: what ``compute.services.lifecycle.ACTIONS`` allows in the VM's state
     (only delete while another action is in flight). The service decides again on POST."""
-    allowed = vms_service.ACTIONS.get(vm.state, set())
+    allowed = lifecycle.ACTIONS.get(vm.state, set())
     if not vm.task_state:
         return allowed
-    return {a for a in allowed if vm.task_state in vms_service.OVERRULES.get(a, ())}
+    return {a for a in allowed if vm.task_state in lifecycle.OVERRULES.get(a, ())}
 
 
 def _vms(project):

@@ -1,11 +1,12 @@
 """How people get into projects: invitations (by e-mail, accepted after login) and project
 applications (apply, review, approve into a project; renewals and quota increases too).
-Imported by ``tenants.models``, so Django finds these models in the ``tenants`` app."""
+Imported by ``tenants.models`` (the package), so Django finds these models in the ``tenants``
+app."""
 
 from django.db import models
 
 from tenants.choices import Role
-from tenants.models import Project, ProjectOwnedModel, User
+from tenants.models.core import Project, ProjectOwnedModel, User
 
 
 class Invitation(ProjectOwnedModel):

@@ -491,10 +491,3 @@ class PointsEntry(ProjectOwnedModel):
 
     def __str__(self):
         return f"{self.kind} {self.amount} -> {self.balance_after}"
-
-
-from tenants.models_access import (  # noqa: E402, F401  (Django finds them here)
-    Invitation,
-    ProjectApplication,
-    RenewalReminder,
-)

@@ -1,0 +1,58 @@
+"""The tenants app's models: people, projects and their money (``core``), and how people
+get into projects (``access``). Everything is importable from ``tenants.models``."""
+
+from tenants.models.access import (
+    Invitation,
+    ProjectApplication,
+    RenewalReminder,
+)
+from tenants.models.core import (
+    MONEY,
+    QUANTITY,
+    ApiToken,
+    Budget,
+    BudgetAlert,
+    DocumentField,
+    ExternalIdentity,
+    Invoice,
+    Membership,
+    PointsEntry,
+    Project,
+    ProjectOwnedModel,
+    ProjectQuerySet,
+    Quota,
+    RateCard,
+    RateCardPrice,
+    SSHKey,
+    UsageRecord,
+    User,
+    default_quota,
+    slug_validator,
+)
+
+__all__ = [
+    "MONEY",
+    "QUANTITY",
+    "ApiToken",
+    "Budget",
+    "BudgetAlert",
+    "DocumentField",
+    "ExternalIdentity",
+    "Invitation",
+    "Invoice",
+    "Membership",
+    "PointsEntry",
+    "Project",
+    "ProjectApplication",
+    "ProjectOwnedModel",
+    "ProjectQuerySet",
+    "Quota",
+    "RateCard",
+    "RateCardPrice",
+    "RenewalReminder",
+    "SSHKey",
+    "UsageRecord",
+    "User",
+    "default_quota",
+    "slug_validator",
+]
