@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 from django.conf import settings
 from django.db import connections
 from django.http.request import validate_host
+from websockify.websocket import WebSocketWantReadError, WebSocketWantWriteError
 from websockify.websocketproxy import LibProxyServer, ProxyRequestHandler
 
 from compute.drivers.base import DriverError
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 PATH = re.compile(r"/vms/(?P<vm>[^/?]+)/?$")
 POLICY_VIOLATION, INTERNAL_ERROR = 1008, 1011
+# How long a refused client has to answer our close frame before the connection goes.
+CLOSE_WAIT_S = 2.0
 
 
 def origin_allowed(origin: str | None) -> bool:
@@ -86,6 +89,19 @@ class ConsoleProxyHandler(ProxyRequestHandler):
             self.send_error(403, "origin not allowed")
             return
         super().handle_upgrade()
+
+    def send_close(self, code=1000, reason=""):
+        """Our close frame, then the client's before the connection goes (RFC 6455's closing
+        handshake; websockify leaves the wait to its caller). Closed at once, the socket
+        would answer the client's close frame with a TCP reset, which can discard ours
+        unread: the client would see 1006 instead of the reason."""
+        super().send_close(code, reason)
+        try:
+            self.request.settimeout(CLOSE_WAIT_S)
+            while self.request.recvmsg() is not None:
+                pass
+        except (OSError, WebSocketWantReadError, WebSocketWantWriteError):
+            pass  # gone, or silent past the wait: the connection closes anyway
 
     def new_websocket_client(self):
         url = urlsplit(self.path)

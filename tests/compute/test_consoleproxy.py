@@ -34,12 +34,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class Client(WebSocket):
     """websockify's websocket client, sending the URL's query too (its ``connect`` sends
-    the path alone)."""
+    the path alone), and reading the frames that came in the same packet as the handshake's
+    answer (its ``connect`` keeps them buffered, undecoded, and the next read waits for the
+    socket: a close frame sent at once, as a refusal is, would be missed)."""
 
     def open(self, url: str, *, origin: str | None = None, timeout_s: float = 10) -> Client:
         self._target = urlsplit(url)
         self.connect(url, origin=origin)
         self.socket.settimeout(timeout_s)
+        while (frame := self._decode_hybi(self._recv_buffer)) is not None:
+            self._recv_buffer = self._recv_buffer[frame["length"] :]
+            self._recv_queue.append(frame)
         return self
 
     def send_request(self, type, path):
