@@ -8,6 +8,7 @@ change-logging context, kept small.
 """
 
 import contextvars
+import functools
 import ipaddress
 import uuid
 from contextlib import contextmanager
@@ -45,6 +46,25 @@ def audit_context(**fields):
         yield _context.get()
     finally:
         _context.reset(token)
+
+
+@contextmanager
+def controller():
+    """Run a block as the controller: Kumo's own work, no user (beat's tasks, host
+    reports, operations finished by a host's answer)."""
+    with audit_context(source=AuditSource.CONTROLLER, actor=None) as ctx:
+        yield ctx
+
+
+def as_controller(task):
+    """A controller task's whole body runs as the controller (``controller``)."""
+
+    @functools.wraps(task)
+    def run(*args, **kwargs):
+        with controller():
+            return task(*args, **kwargs)
+
+    return run
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import audit, egress
-from controlplane.choices import AuditOutcome, AuditSource, OperationState
+from controlplane.choices import AuditOutcome, OperationState
 from controlplane.errors import InvalidInput
 from controlplane.models import IdempotencyKey, Operation, Webhook
 
@@ -92,7 +92,7 @@ def operation_finish(
             ).update(**fields)
     operation = Operation.objects.filter(pk=operation_id).first()
     if updated and operation is not None:
-        with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+        with audit.controller():
             audit.record(
                 f"{operation.kind}.finish",
                 operation,

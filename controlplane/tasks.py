@@ -10,7 +10,6 @@ from django.db import OperationalError, connection
 
 from controlplane import agents, audit, services
 from controlplane.broker import AGENT_REPORT_TASK
-from controlplane.choices import AuditSource
 from controlplane.events import (  # noqa: F401  (the controller registers it from here)
     WEBHOOK_ATTEMPTS,
     webhook_deliver,
@@ -42,7 +41,7 @@ def agent_report(*, host: str, kind: str, payload: dict, sent_at: str) -> None:
         return
     for attempt in range(1, REPORT_ATTEMPTS + 1):
         try:
-            with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
+            with audit.controller():
                 handler(host=host, payload=payload, sent_at=datetime.fromisoformat(sent_at))
             return
         except OperationalError as e:
@@ -60,9 +59,9 @@ def agent_report(*, host: str, kind: str, payload: dict, sent_at: str) -> None:
 
 
 @shared_task(name="kumo.control.operations_reap", acks_late=True, time_limit=120)
+@audit.as_controller
 def operations_reap() -> int:
-    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
-        return services.operations_reap()
+    return services.operations_reap()
 
 
 @shared_task(name="kumo.control.idempotency_purge", acks_late=True, time_limit=300)

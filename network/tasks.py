@@ -3,13 +3,12 @@
 from celery import shared_task
 
 from controlplane import audit
-from controlplane.choices import AuditSource
 from network import sync
 
 
 @shared_task(name="kumo.control.network_sync", acks_late=True, time_limit=120)
+@audit.as_controller
 def network_sync() -> int:
     """Re-send desired state to hosts that have not applied it (beat, every
     ``KUMO_NETWORK_SYNC_S``)."""
-    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
-        return sync.send_unconverged()
+    return sync.send_unconverged()

@@ -3,18 +3,18 @@
 from celery import shared_task
 
 from controlplane import audit
-from controlplane.choices import AuditSource
 from storage import services
 
 
 @shared_task(name="kumo.control.shares_sync", acks_late=True, time_limit=300)
+@audit.as_controller
 def shares_sync() -> int:
     """Send every share to its host again (beat, every ``KUMO_SHARE_SYNC_S``)."""
-    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
-        return services.shares_sync()
+    return services.shares_sync()
 
 
 @shared_task(name="kumo.control.buckets_measure", acks_late=True, time_limit=900)
+@audit.as_controller
 def buckets_measure() -> int:
     """Read every bucket's usage (beat, every ``KUMO_BUCKET_USAGE_S``); nothing to do
     where no object store is configured."""
@@ -22,5 +22,4 @@ def buckets_measure() -> int:
 
     if not settings.OBJECT_STORE["kind"]:
         return 0
-    with audit.audit_context(source=AuditSource.CONTROLLER, actor=None):
-        return services.buckets_measure()
+    return services.buckets_measure()

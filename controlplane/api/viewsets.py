@@ -168,3 +168,24 @@ def accepted(operation, serializer_class, request) -> Response:
     """The answer to anything asynchronous: 202, the operation, and where to poll it."""
     data = serializer_class(operation, context={"request": request}).data
     return Response(data, status=202, headers={"Location": data["url"]})
+
+
+class ServiceViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.DestroyModelMixin,
+    ProjectScopedViewSet,
+):
+    """A project's objects whose writes go through their app's services: list, retrieve
+    and delete from the scoped queryset; a create or an action reads its own input
+    serializer (``_input``) and answers the object as ``serializer_class`` shows it, read
+    again through the scoped queryset (``_answer``)."""
+
+    def _input(self, serializer_class):
+        data = serializer_class(data=self.request.data, partial=self.action == "partial_update")
+        data.is_valid(raise_exception=True)
+        return data.validated_data
+
+    def _answer(self, instance, status=200):
+        instance = self.get_queryset().get(pk=instance.pk)
+        return Response(self.get_serializer(instance).data, status=status)

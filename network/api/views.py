@@ -9,7 +9,7 @@ from rest_framework import mixins
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.api.viewsets import OperatorViewSet, ProjectScopedViewSet
+from controlplane.api.viewsets import OperatorViewSet, ServiceViewSet
 from controlplane.errors import InvalidInput
 from network import services, sync
 from network.api import serializers as s
@@ -38,28 +38,7 @@ def _named(model, project, field: str, value, *, key: str = "name"):
     return found
 
 
-class _Crud(
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.DestroyModelMixin,
-    ProjectScopedViewSet,
-):
-    """List, retrieve, create and delete; a create reads its own input serializer
-    (``_input``) and answers with ``serializer_class`` (``_answer``)."""
-
-    def _input(self, serializer_class):
-        data = serializer_class(data=self.request.data, partial=self.action == "partial_update")
-        data.is_valid(raise_exception=True)
-        return data.validated_data
-
-    def _answer(self, instance, status=201):
-        instance = self.get_queryset().get(pk=instance.pk)
-        body = self.get_serializer(instance).data
-        return Response(body, status=status)
-
-
-class NetworkViewSet(mixins.UpdateModelMixin, _Crud):
+class NetworkViewSet(mixins.UpdateModelMixin, ServiceViewSet):
     """The project's networks: one VXLAN segment each, with its VNI and MTU. Deleting a
     network with ports answers 409."""
 
@@ -75,20 +54,20 @@ class NetworkViewSet(mixins.UpdateModelMixin, _Crud):
         network = services.network_create(
             project=self.project, **self._input(s.NetworkCreateSerializer)
         )
-        return self._answer(network)
+        return self._answer(network, status=201)
 
     @extend_schema(request=s.NetworkUpdateSerializer, responses={200: s.NetworkSerializer})
     def partial_update(self, request, project_slug=None, pk=None):
         network = services.network_update(
             network=self.get_object(), **self._input(s.NetworkUpdateSerializer)
         )
-        return self._answer(network, status=200)
+        return self._answer(network)
 
     def perform_destroy(self, instance):
         services.network_delete(network=instance)
 
 
-class SubnetViewSet(mixins.UpdateModelMixin, _Crud):
+class SubnetViewSet(mixins.UpdateModelMixin, ServiceViewSet):
     """Subnets of the project's networks; two subnets of one network never overlap (400).
     A subnet's guests are told the network's own resolver unless ``dns_servers`` is set
     (PATCH)."""
@@ -107,7 +86,7 @@ class SubnetViewSet(mixins.UpdateModelMixin, _Crud):
         v = dict(self._input(s.SubnetCreateSerializer))
         v["network"] = _named(Network, self.project, "network", v["network"])
         subnet = services.subnet_create(**v)
-        return self._answer(subnet)
+        return self._answer(subnet, status=201)
 
     @extend_schema(request=s.SubnetUpdateSerializer, responses={200: s.SubnetSerializer})
     def partial_update(self, request, project_slug=None, pk=None):
@@ -115,13 +94,13 @@ class SubnetViewSet(mixins.UpdateModelMixin, _Crud):
         if "dns_servers" not in v:
             raise InvalidInput.field("dns_servers", "this field is required")
         subnet = services.subnet_update(subnet=self.get_object(), dns_servers=v["dns_servers"])
-        return self._answer(subnet, status=200)
+        return self._answer(subnet)
 
     def perform_destroy(self, instance):
         services.subnet_delete(subnet=instance)
 
 
-class PortViewSet(mixins.UpdateModelMixin, _Crud):
+class PortViewSet(mixins.UpdateModelMixin, ServiceViewSet):
     """The project's ports: a VM's NICs (made with the VM, deleted with it) and ports of
     their own. ``status`` is active once the port's host has applied it."""
 
@@ -155,18 +134,18 @@ class PortViewSet(mixins.UpdateModelMixin, _Crud):
         v = dict(self._input(s.PortCreateSerializer))
         v["network"] = _named(Network, self.project, "network", v["network"])
         port = services.port_create(**v)
-        return self._answer(port)
+        return self._answer(port, status=201)
 
     @extend_schema(request=s.PortUpdateSerializer, responses={200: s.PortSerializer})
     def partial_update(self, request, project_slug=None, pk=None):
         port = services.port_update(port=self.get_object(), **self._input(s.PortUpdateSerializer))
-        return self._answer(port, status=200)
+        return self._answer(port)
 
     def perform_destroy(self, instance):
         services.port_delete(port=instance)
 
 
-class SecurityGroupViewSet(_Crud):
+class SecurityGroupViewSet(ServiceViewSet):
     """Security groups (firewall ACLs): allow-lists of flows to and from their ports. The
     ``default`` group lets its members reach each other and lets everything out."""
 
@@ -189,13 +168,13 @@ class SecurityGroupViewSet(_Crud):
 
     def create(self, request, project_slug=None):
         v = self._input(s.SecurityGroupSerializer)
-        return self._answer(services.security_group_create(project=self.project, **v))
+        return self._answer(services.security_group_create(project=self.project, **v), status=201)
 
     def perform_destroy(self, instance):
         services.security_group_delete(group=instance)
 
 
-class SecurityGroupRuleViewSet(_Crud):
+class SecurityGroupRuleViewSet(ServiceViewSet):
     """The rules of the project's security groups."""
 
     model = SecurityGroupRule
@@ -214,13 +193,13 @@ class SecurityGroupRuleViewSet(_Crud):
             v["remote_group"] = _named(
                 SecurityGroup, self.project, "remote_group", v["remote_group"]
             )
-        return self._answer(services.rule_create(**v))
+        return self._answer(services.rule_create(**v), status=201)
 
     def perform_destroy(self, instance):
         services.rule_delete(rule=instance)
 
 
-class GlobalIpViewSet(_Crud):
+class GlobalIpViewSet(ServiceViewSet):
     """Global IPs the project holds: 1:1 NAT to a port (``associate``) or port forwards.
     The router's own address (``router: true``) is listed but not the project's to change."""
 
@@ -235,7 +214,7 @@ class GlobalIpViewSet(_Crud):
     @extend_schema(request=s.GlobalIpCreateSerializer, responses={201: s.GlobalIpSerializer})
     def create(self, request, project_slug=None):
         v = self._input(s.GlobalIpCreateSerializer)
-        return self._answer(services.global_ip_allocate(project=self.project, **v))
+        return self._answer(services.global_ip_allocate(project=self.project, **v), status=201)
 
     @extend_schema(request=s.GlobalIpAssociateSerializer, responses={200: s.GlobalIpSerializer})
     @action(detail=True, methods=["post"])
@@ -245,13 +224,13 @@ class GlobalIpViewSet(_Crud):
         if v["port"] is not None:
             port = _named(Port, self.project, "port", v["port"], key="pk")
         address = services.global_ip_associate(address=self.get_object(), port=port)
-        return self._answer(address, status=200)
+        return self._answer(address)
 
     def perform_destroy(self, instance):
         services.global_ip_release(address=instance)
 
 
-class PortForwardViewSet(_Crud):
+class PortForwardViewSet(ServiceViewSet):
     """DNAT port forwards from the project's global IPs to its ports; deleted with the
     port they point at."""
 
@@ -268,13 +247,13 @@ class PortForwardViewSet(_Crud):
         v = dict(self._input(s.PortForwardCreateSerializer))
         address = _named(GlobalIp, self.project, "global_ip", v.pop("global_ip"), key="address")
         v["port"] = _named(Port, self.project, "port", v["port"], key="pk")
-        return self._answer(services.port_forward_create(address=address, **v))
+        return self._answer(services.port_forward_create(address=address, **v), status=201)
 
     def perform_destroy(self, instance):
         services.port_forward_delete(forward=instance)
 
 
-class ExternalConnectionViewSet(_Crud):
+class ExternalConnectionViewSet(ServiceViewSet):
     """Requests for links to outside networks (L2VPN, L3 routes, site VPN); realized once
     an operator approves them."""
 
@@ -295,7 +274,7 @@ class ExternalConnectionViewSet(_Crud):
         v = dict(self._input(s.ExternalConnectionCreateSerializer))
         if v.get("network"):
             v["network"] = _named(Network, self.project, "network", v["network"])
-        return self._answer(services.connection_request(project=self.project, **v))
+        return self._answer(services.connection_request(project=self.project, **v), status=201)
 
     def perform_destroy(self, instance):
         services.connection_delete(connection=instance)

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from compute.models import VirtualMachine
-from controlplane.api.viewsets import OperatorViewSet, ProjectScopedViewSet
+from controlplane.api.viewsets import OperatorViewSet, ServiceViewSet
 from controlplane.errors import InvalidInput
 from storage import services
 from storage.api import serializers as s
@@ -19,23 +19,7 @@ from tenants.choices import Role
 UUID = r"[0-9a-fA-F-]{36}"
 
 
-class _Crud(
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.DestroyModelMixin,
-    ProjectScopedViewSet,
-):
-    def _input(self, serializer_class):
-        data = serializer_class(data=self.request.data)
-        data.is_valid(raise_exception=True)
-        return data.validated_data
-
-    def _answer(self, instance, status=200):
-        instance = self.get_queryset().get(pk=instance.pk)
-        return Response(self.get_serializer(instance).data, status=status)
-
-
-class VolumeViewSet(_Crud):
+class VolumeViewSet(ServiceViewSet):
     """The project's block volumes: create, attach to a VM (``attach``), ``detach``,
     ``extend``, delete (409 while attached)."""
 
@@ -80,7 +64,7 @@ class VolumeViewSet(_Crud):
         services.volume_delete(volume=instance)
 
 
-class ShareViewSet(_Crud):
+class ShareViewSet(ServiceViewSet):
     """The project's shared file systems (Lustre /fast and /large, or NFS): a directory
     with a hard quota, mounted by the project's guests. ``mount_command`` says how to mount
     one by hand; guests booted once it is ready mount it themselves."""
@@ -110,7 +94,7 @@ class ShareViewSet(_Crud):
         services.share_delete(share=instance)
 
 
-class BucketViewSet(mixins.UpdateModelMixin, _Crud):
+class BucketViewSet(mixins.UpdateModelMixin, ServiceViewSet):
     """The project's S3 buckets, reached with the project's access keys at ``endpoint``.
     Deleting a bucket deletes what it holds."""
 
@@ -144,7 +128,7 @@ class BucketViewSet(mixins.UpdateModelMixin, _Crud):
         services.bucket_delete(bucket=instance)
 
 
-class AccessKeyViewSet(_Crud):
+class AccessKeyViewSet(ServiceViewSet):
     """The project's S3 access keys. The secret is in the answer to the create and
     nowhere else; project admins make and revoke keys (they reach every bucket)."""
 
