@@ -326,8 +326,11 @@ def _point_at_real_objects(case, data) -> None:
 
 @schema.parametrize()
 @schema.given(data=st.data())
+# Derandomized: the same examples on every run, so a red CI names a bug, not a draw; a new
+# operation or a changed schema still brings new examples.
 @settings(
     max_examples=30,
+    derandomize=True,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,

@@ -23,7 +23,9 @@ from tenants.models import ExternalIdentity, Invitation, Project, ProjectApplica
 
 class InvitationSerializer(fields.ModelSerializer):
     status = serializers.SerializerMethodField()
-    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    invited_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Invitation
@@ -95,7 +97,9 @@ class InvitationAcceptView(KumoViewMixin, APIView):
 
 class ApplicationSerializer(fields.ModelSerializer):
     applicant = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    reviewed_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    reviewed_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
     project = fields.SlugRelatedField(  # NUL refused, not looked up
         slug_field="slug", queryset=Project.objects.all(), required=False, allow_null=True
     )
