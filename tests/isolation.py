@@ -8,7 +8,10 @@ of its objects; this mixin then checks, for every role and for outsiders:
   the body of a missing one;
 - reads need ``read_role``, writes ``write_role`` (403 below it), and a write never leaks
   across projects;
-- a create that references another project's objects is refused and creates nothing;
+- a create that references another project's objects is refused and creates nothing (a
+  contract whose create takes no reference says so: ``create_references_nothing``), and so
+  is an action on the project's own object that names another project's
+  (``foreign_action_payloads``);
 - a token scoped to one project sees nothing of the caller's other projects;
 - a list runs the same number of SQL queries for 2 objects as for 12.
 
@@ -42,6 +45,9 @@ class ProjectEndpointContract:
     #: routes on one object beyond CRUD, as (HTTP method, URL suffix): e.g. ("post",
     #: "reset/"). Another project's object answers 404 there exactly like a missing one.
     object_actions: tuple[tuple[str, str], ...] = ()
+    #: the create takes no object of a project (only names and sizes): nothing to refuse.
+    #: A contract with a create must say so, or give ``foreign_payloads``.
+    create_references_nothing: bool = False
 
     # --- what a concrete contract provides ------------------------------------------------------
 
@@ -61,6 +67,11 @@ class ProjectEndpointContract:
 
     def foreign_payloads(self, project, other) -> list[dict]:
         """Create payloads that reference objects of ``other``: each must be refused."""
+        return []
+
+    def foreign_action_payloads(self, obj, other) -> list[tuple[str, str, dict]]:
+        """(HTTP method, URL suffix, payload) of actions on ``obj`` (of the contract's
+        project) that name objects of ``other``: each must be refused with 400 or 404."""
         return []
 
     def count(self, project) -> int:
@@ -217,11 +228,28 @@ class ProjectEndpointContract:
         if "create" not in self.actions:
             pytest.skip("no create")
         client = client_for(project.owner)
-        for payload in self.foreign_payloads(project, other_project):
+        payloads = self.foreign_payloads(project, other_project)
+        assert payloads or self.create_references_nothing, (
+            f"{type(self).__name__}: give foreign_payloads, or set create_references_nothing"
+        )
+        for payload in payloads:
             before = (self.count(project), self.count(other_project))
             response = self._do(client, "create", project.slug, payload=payload)
             assert response.status_code in (400, 404), (payload, response.content)
             assert (self.count(project), self.count(other_project)) == before
+
+    def test_actions_naming_another_projects_objects_are_refused(
+        self, client_for, project, other_project
+    ):
+        mine = self.make_object(project) if "retrieve" in self.actions else None
+        cases = self.foreign_action_payloads(mine, other_project) if mine is not None else []
+        if not cases:
+            pytest.skip("no action names another object")
+        client = client_for(project.owner)
+        for method, suffix, payload in cases:
+            url = self.detail_url(project.slug, self.lookup(mine)) + suffix
+            response = getattr(client, method)(url, payload, format="json")
+            assert response.status_code in (400, 404), (suffix, payload, response.content)
 
     def test_scoped_token_sees_only_its_project(self, client_for, project, other_project):
         user = UserFactory()

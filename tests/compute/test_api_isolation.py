@@ -46,6 +46,7 @@ class TestVirtualMachineIsolation(ProjectEndpointContract):
 class TestProjectImageIsolation(ProjectEndpointContract):
     basename = "project-image"
     actions = ("list", "retrieve", "create", "delete")
+    create_references_nothing = True
 
     def make_object(self, project):
         return make_image(project=project)
@@ -60,6 +61,7 @@ class TestProjectImageIsolation(ProjectEndpointContract):
 class TestPlacementGroupIsolation(ProjectEndpointContract):
     basename = "project-placementgroup"
     actions = ("list", "retrieve", "create", "delete")
+    create_references_nothing = True
 
     def make_object(self, project):
         from compute import services

@@ -137,6 +137,7 @@ class TestWebhookIsolation(ProjectEndpointContract):
     basename = "project-webhook"
     actions = ("list", "retrieve", "create", "delete")
     write_role = Role.ADMIN
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.webhook_create(project=project, url="https://example.org/h")[0]

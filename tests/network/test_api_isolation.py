@@ -41,6 +41,7 @@ class TestNetworkIsolation(ProjectEndpointContract):
     basename = "project-network"
     actions = ("list", "retrieve", "create", "update", "delete")
     missing_lookup = UUID_MISSING
+    create_references_nothing = True
 
     def make_object(self, project):
         return make_network(_roomy(project), f"n{next(_n)}", cidr="")
@@ -108,6 +109,7 @@ class TestPortIsolation(ProjectEndpointContract):
 class TestSecurityGroupIsolation(ProjectEndpointContract):
     basename = "project-securitygroup"
     actions = ("list", "retrieve", "create", "delete")
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.security_group_create(project=project, name=f"sg{next(_n)}")
@@ -156,6 +158,7 @@ def _pool():
 class TestGlobalIpIsolation(ProjectEndpointContract):
     basename = "project-globalip"
     actions = ("list", "retrieve", "create", "delete")
+    create_references_nothing = True
 
     def make_object(self, project):
         _pool()
@@ -167,6 +170,10 @@ class TestGlobalIpIsolation(ProjectEndpointContract):
 
     def count(self, project):
         return GlobalIp.objects.for_project(project).filter(router=False).count()
+
+    def foreign_action_payloads(self, obj, other):
+        theirs = services.port_create(network=_net(_roomy(other)))
+        return [("post", "associate/", {"port": str(theirs.pk)})]
 
 
 class TestPortForwardIsolation(ProjectEndpointContract):

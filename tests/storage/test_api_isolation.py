@@ -10,7 +10,7 @@ from storage.drivers.fake import FakeObjectStore
 from storage.models import AccessKey, Bucket, Share, Volume
 from tenants.choices import Role
 from tenants.models import Quota
-from tests.factories import make_host
+from tests.factories import make_host, make_vm
 from tests.isolation import ProjectEndpointContract
 
 UUID_MISSING = "00000000-0000-4000-8000-000000000000"
@@ -34,6 +34,7 @@ class TestVolumeIsolation(ProjectEndpointContract):
     basename = "project-volume"
     actions = ("list", "retrieve", "create", "delete")
     missing_lookup = UUID_MISSING
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.volume_create(project=_roomy(project), name=f"v{next(_n)}", size_gib=1)
@@ -45,11 +46,16 @@ class TestVolumeIsolation(ProjectEndpointContract):
     def count(self, project):
         return Volume.objects.for_project(project).count()
 
+    def foreign_action_payloads(self, obj, other):
+        theirs = make_vm(_roomy(other))
+        return [("post", "attach/", {"vm": str(theirs.pk)})]
+
 
 class TestShareIsolation(ProjectEndpointContract):
     basename = "project-share"
     actions = ("list", "retrieve", "create", "delete")
     missing_lookup = UUID_MISSING
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.share_create(
@@ -69,6 +75,7 @@ class TestBucketIsolation(ProjectEndpointContract):
     actions = ("list", "retrieve", "create", "update", "delete")
     id_field = "name"
     missing_lookup = "no-such-bucket"
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.bucket_create(project=_roomy(project), name=f"b-{next(_n)}", quota_gib=1)
@@ -91,6 +98,7 @@ class TestAccessKeyIsolation(ProjectEndpointContract):
     basename = "project-accesskey"
     actions = ("list", "retrieve", "create", "delete")
     write_role = Role.ADMIN
+    create_references_nothing = True
 
     def make_object(self, project):
         return services.access_key_create(project=project)[0]

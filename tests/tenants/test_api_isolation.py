@@ -9,6 +9,7 @@ from tests.isolation import ProjectEndpointContract
 class TestMembersIsolation(ProjectEndpointContract):
     basename = "project-member"
     write_role = Role.ADMIN
+    create_references_nothing = True
 
     def make_object(self, project):
         return Membership.objects.get(project=project, user=add_member(project, role=Role.READER))

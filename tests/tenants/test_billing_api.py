@@ -81,6 +81,7 @@ class TestInvoiceIsolation(ProjectEndpointContract):
 class TestBudgetIsolation(ProjectEndpointContract):
     basename = "project-budget"
     write_role = Role.ADMIN
+    create_references_nothing = True
 
     def make_object(self, project):
         return billing.budget_create(project=project, name=f"b{next(_seq)}", amount=Decimal(100))

@@ -124,6 +124,7 @@ class TestInvitationsIsolation(ProjectEndpointContract):
     read_role = Role.ADMIN
     write_role = Role.ADMIN
     actions = ("list", "retrieve", "create", "delete")
+    create_references_nothing = True
 
     def make_object(self, project):
         return invitations.invitation_create(project=project, email="x@example.org")[0]
