@@ -36,6 +36,7 @@ host's ``bridge`` family; NAT (SNAT, 1:1 NAT of global IPs, DNAT port forwards) 
 
 from __future__ import annotations
 
+import abc
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -384,3 +385,31 @@ class ResyncResult:
     writes: int = 0
     created: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+
+
+class NetworkDriver(abc.ABC):
+    """One host's tenant networking, as the agent drives it (``network.host_tasks``).
+
+    The contract (``tests/network/test_driver_contract.py`` runs it against every driver):
+
+    - ``resync(desired)`` converges the host to ``desired`` and is safe to repeat: a host
+      already converged costs no write (``ResyncResult.writes == 0``), and a change of a
+      device's settings (an MTU, an FDB entry, a firewall rule) changes it in place;
+    - ``ResyncResult.created`` and ``removed`` name Kumo's devices and namespaces as
+      ``vxlan_name``, ``bridge_name``, ``port_name``, ``router_netns`` and ``dns_netns``
+      make them; an empty ``HostNetworks`` removes everything Kumo made and nothing else;
+    - a device ``desired`` relies on that Kumo does not make (the underlay, the trunk, a
+      VF's physical function) and that is missing is refused with ``NetworkDriverError``
+      before any write;
+    - ``capabilities()`` says what the host offers beyond overlays
+      (``{"sriov_pfs": {pf: VF count}}``); ``close()`` lets go of what the driver holds.
+    """
+
+    @abc.abstractmethod
+    def resync(self, desired: HostNetworks) -> ResyncResult: ...
+
+    @abc.abstractmethod
+    def capabilities(self) -> dict: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from network.drivers.base import (
@@ -26,6 +27,7 @@ from network.drivers.base import (
     VXLAN_PREFIX,
     HostNetworks,
     Network,
+    NetworkDriver,
     NetworkDriverError,
     Port,
     ResyncResult,
@@ -41,7 +43,7 @@ from network.drivers.routers import Routers, router_devices
 log = logging.getLogger(__name__)
 
 
-class LinuxNetworkDriver:
+class LinuxNetworkDriver(NetworkDriver):
     """One host's tenant networking, in the namespace ``netns`` (the host's own if empty).
     ``dns_dir`` holds the networks' resolvers' files (default: a folder per namespace
     under the temporary directory; the agent gives its own)."""
@@ -135,6 +137,8 @@ class LinuxNetworkDriver:
             result.created.append(bridge)
         else:
             self._ensure_up(links[bridge], net.mtu)
+            # What the bridge is now: its ports (the VXLAN device, the VMs') follow its MTU.
+            links[bridge] = replace(links[bridge], mtu=net.mtu, up=True)
         current = links.get(vxlan, _NONE)
         wrong = (current.kind, current.vni) != ("vxlan", net.vni)
         if self._replace_if(links, vxlan, wrong, result):
