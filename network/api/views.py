@@ -219,12 +219,12 @@ class GlobalIpViewSet(ServiceViewSet):
     @extend_schema(request=s.GlobalIpAssociateSerializer, responses={200: s.GlobalIpSerializer})
     @action(detail=True, methods=["post"])
     def associate(self, request, project_slug=None, pk=None):
+        address = self.get_object()  # first: another project's address is 404 whatever the body
         v = self._input(s.GlobalIpAssociateSerializer)
         port = None
         if v["port"] is not None:
             port = _named(Port, self.project, "port", v["port"], key="pk")
-        address = services.global_ip_associate(address=self.get_object(), port=port)
-        return self._answer(address)
+        return self._answer(services.global_ip_associate(address=address, port=port))
 
     def perform_destroy(self, instance):
         services.global_ip_release(address=instance)

@@ -43,11 +43,12 @@ class VolumeViewSet(ServiceViewSet):
     @extend_schema(request=s.VolumeAttachSerializer, responses={200: s.VolumeSerializer})
     @action(detail=True, methods=["post"])
     def attach(self, request, project_slug=None, pk=None):
+        volume = self.get_object()  # first: another project's volume is 404 whatever the body
         vm_id = self._input(s.VolumeAttachSerializer)["vm"]
         vm = VirtualMachine.objects.for_project(self.project).filter(pk=vm_id).first()
         if vm is None:
             raise InvalidInput.field("vm", f"no VM {vm_id} in this project")
-        return self._answer(services.volume_attach(volume=self.get_object(), vm=vm))
+        return self._answer(services.volume_attach(volume=volume, vm=vm))
 
     @extend_schema(request=None, responses={200: s.VolumeSerializer})
     @action(detail=True, methods=["post"])
@@ -57,8 +58,9 @@ class VolumeViewSet(ServiceViewSet):
     @extend_schema(request=s.VolumeExtendSerializer, responses={200: s.VolumeSerializer})
     @action(detail=True, methods=["post"])
     def extend(self, request, project_slug=None, pk=None):
+        volume = self.get_object()
         size = self._input(s.VolumeExtendSerializer)["size_gib"]
-        return self._answer(services.volume_extend(volume=self.get_object(), size_gib=size))
+        return self._answer(services.volume_extend(volume=volume, size_gib=size))
 
     def perform_destroy(self, instance):
         services.volume_delete(volume=instance)
@@ -87,8 +89,9 @@ class ShareViewSet(ServiceViewSet):
     @extend_schema(request=s.ShareExtendSerializer, responses={200: s.ShareSerializer})
     @action(detail=True, methods=["post"])
     def extend(self, request, project_slug=None, pk=None):
+        share = self.get_object()
         quota = self._input(s.ShareExtendSerializer)["quota_gib"]
-        return self._answer(services.share_extend(share=self.get_object(), quota_gib=quota))
+        return self._answer(services.share_extend(share=share, quota_gib=quota))
 
     def perform_destroy(self, instance):
         services.share_delete(share=instance)

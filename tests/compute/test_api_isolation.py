@@ -16,6 +16,8 @@ class TestVirtualMachineIsolation(ProjectEndpointContract):
         ("post", "power-off/"),
         ("get", "console-log/"),
         ("post", "console/"),
+        ("post", "shelve/"),
+        ("post", "unshelve/"),
     )
     missing_lookup = "00000000-0000-4000-8000-000000000000"
 
@@ -44,6 +46,7 @@ class TestVirtualMachineIsolation(ProjectEndpointContract):
 
 
 class TestProjectImageIsolation(ProjectEndpointContract):
+    object_actions = (("put", "file/"),)
     basename = "project-image"
     actions = ("list", "retrieve", "create", "delete")
     create_references_nothing = True

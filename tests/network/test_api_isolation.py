@@ -156,6 +156,7 @@ def _pool():
 
 
 class TestGlobalIpIsolation(ProjectEndpointContract):
+    object_actions = (("post", "associate/"),)
     basename = "project-globalip"
     actions = ("list", "retrieve", "create", "delete")
     create_references_nothing = True

@@ -31,6 +31,7 @@ def _roomy(project):
 
 
 class TestVolumeIsolation(ProjectEndpointContract):
+    object_actions = (("post", "attach/"), ("post", "detach/"), ("post", "extend/"))
     basename = "project-volume"
     actions = ("list", "retrieve", "create", "delete")
     missing_lookup = UUID_MISSING
@@ -52,6 +53,7 @@ class TestVolumeIsolation(ProjectEndpointContract):
 
 
 class TestShareIsolation(ProjectEndpointContract):
+    object_actions = (("post", "extend/"),)
     basename = "project-share"
     actions = ("list", "retrieve", "create", "delete")
     missing_lookup = UUID_MISSING

@@ -67,6 +67,7 @@ class TestUsageRecordIsolation(ProjectEndpointContract):
 
 
 class TestInvoiceIsolation(ProjectEndpointContract):
+    object_actions = (("get", "csv/"), ("get", "json/"), ("get", "verify/"))
     basename = "project-invoice"
     actions = ("list", "retrieve")
 
