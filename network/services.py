@@ -15,8 +15,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from compute.choices import DeviceKind
-from compute.models import Device, Host, VirtualMachine
+from compute import placement
+from compute.models import Host, VirtualMachine
 from controlplane import audit
 from controlplane.errors import Conflict, InvalidInput
 from network import allocation
@@ -534,12 +534,7 @@ def _bind(port: Port) -> None:
     """Take a VF on the port's host for an RDMA port; record the host generation that
     first holds the port (it is active once its host reports that generation applied)."""
     if port.binding == PortBinding.VF and port.vf_id is None:
-        vf = (
-            Device.objects.filter(host_id=port.host_id, kind=DeviceKind.RDMA_VF, vm__isnull=True)
-            .exclude(port__isnull=False)
-            .order_by("pci_address")
-            .first()
-        )
+        vf = placement.rdma_vf_claim(host_id=port.host_id, vm_id=port.vm_id)
         if vf is None:
             raise Conflict(
                 "no free RDMA virtual function on the VM's host",
@@ -547,8 +542,6 @@ def _bind(port: Port) -> None:
                 details={"network": ["no free VF"]},
             )
         port.vf = vf
-        if port.vm_id is not None:
-            Device.objects.filter(pk=vf.pk, vm__isnull=True).update(vm=port.vm_id)
     generation = (
         HostNetwork.objects.filter(host_id=port.host_id)
         .values_list("desired_generation", flat=True)
