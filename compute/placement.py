@@ -13,6 +13,9 @@ re-checks everything in one transaction:
 
 A claim that loses a race rolls back to its savepoint, refreshes that host in the view and
 decides again; nothing is ever allocated twice, whatever the view said.
+
+An RDMA port bound to a host takes one of its virtual functions through ``rdma_vf_claim``
+(network asks; the device rows are compute's to write), by the same conditional UPDATE.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -185,6 +189,30 @@ def request_for(vm: VirtualMachine, *, group_locked: bool = False) -> Request:
 # --- the claim ----------------------------------------------------------------------------------
 
 
+def _devices_give(device_ids, vm_id: UUID, **where) -> int:
+    """Give devices ``device_ids`` (that also match ``where``) to VM ``vm_id`` with one
+    ``UPDATE … WHERE vm IS NULL``, so a device is never given to two VMs; returns how many
+    were given."""
+    return Device.objects.filter(pk__in=device_ids, vm__isnull=True, **where).update(vm=vm_id)
+
+
+def rdma_vf_claim(*, host_id: int, vm_id: UUID | None) -> Device | None:
+    """The first free RDMA virtual function of host ``host_id`` by PCI address, for a port
+    being bound there: given to no VM and held by no port (a port without a VM holds its VF
+    through ``Port.vf`` alone, whose uniqueness keeps two ports off one VF). With ``vm_id``
+    it is given to that VM by the same conditional UPDATE as a GPU claim. None when the
+    host has no free VF; the caller answers that."""
+    vf = (
+        Device.objects.filter(host_id=host_id, kind=DeviceKind.RDMA_VF, vm__isnull=True)
+        .exclude(port__isnull=False)
+        .order_by("pci_address")
+        .first()
+    )
+    if vf is not None and vm_id is not None:
+        _devices_give([vf.pk], vm_id)
+    return vf
+
+
 def claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
     """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict
     (leaving nothing behind: it runs in a savepoint) when the database disagrees."""
@@ -205,12 +233,7 @@ def _claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
     if not moved:
         raise ClaimConflict(f"host {placement.host_name} no longer has the room")
     if placement.device_ids:
-        taken = Device.objects.filter(
-            pk__in=placement.device_ids,
-            host_id=placement.host_id,
-            vm__isnull=True,
-            present=True,
-        ).update(vm=vm)
+        taken = _devices_give(placement.device_ids, vm.pk, host_id=placement.host_id, present=True)
         if taken != len(placement.device_ids):
             raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     if vm.placement_group_id is not None:

@@ -4,6 +4,7 @@ state each host is sent."""
 import pytest
 
 from compute import services as compute
+from compute.models import Device
 from controlplane.errors import Conflict, InvalidInput
 from network import desired, dns, services
 from network.models import FixedIp, GlobalIp, HostNetwork, Port, PortForward
@@ -110,6 +111,28 @@ def test_rdma_networks_are_refused_while_no_host_reports_sriov(project):
     enroll_network(make_host("gpu-rdma"), "10.0.0.9", sriov_pfs={"ens1f0": 8})
     net = make_network(project, "roce", kind="rdma", rdma_dscp=24)
     assert (net.kind, net.rdma_dscp, net.rdma_pfc_priority) == ("rdma", 24, 3)
+
+
+def test_rdma_ports_take_their_hosts_free_virtual_functions_in_pci_order(project):
+    """A VM's RDMA port takes the first free VF of the VM's host, given to the VM as well
+    (compute's claim); a port without a VM holds its VF alone; none left answers 409."""
+    host = make_host("gpu-vf")
+    enroll_network(host, "10.0.0.9", sriov_pfs={"ens1f0": 16})
+    net = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    vfs = list(Device.objects.filter(host=host, kind="rdma_vf").order_by("pci_address"))
+    assert len(vfs) > 2
+    vm = make_vm(project, template=make_template(gpus=1), nics=[{"network": net}])
+    port = Port.objects.get(vm=vm)
+    assert vm.host_id == host.pk and port.vf_id == vfs[0].pk
+    assert Device.objects.get(pk=vfs[0].pk).vm_id == vm.pk
+    bare = services.port_create(network=net, host=host)
+    assert bare.vf_id == vfs[1].pk and Device.objects.get(pk=vfs[1].pk).vm_id is None
+    assert [services.port_create(network=net, host=host).vf_id for _ in vfs[2:]] == [
+        vf.pk for vf in vfs[2:]
+    ]
+    with pytest.raises(Conflict) as e:
+        services.port_create(network=net, host=host)
+    assert e.value.code == "no_capacity"
 
 
 def test_rule_validation(project):
