@@ -30,7 +30,6 @@ import csv
 import hashlib
 import io
 import json
-import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -42,7 +41,7 @@ from django.utils import timezone
 
 from controlplane import audit, events
 from controlplane.choices import AuditOutcome
-from controlplane.errors import Conflict, InvalidInput, NotFound
+from controlplane.errors import Conflict, InvalidInput
 from tenants.choices import BudgetPolicy, PointsKind, UsageResource
 from tenants.models import (
     Budget,
@@ -54,8 +53,6 @@ from tenants.models import (
     RateCardPrice,
     UsageRecord,
 )
-
-log = logging.getLogger(__name__)
 
 DOCUMENT_FORMAT = "kumo.invoice/1"
 ROUNDING_RULE = (
@@ -871,7 +868,8 @@ def budgets_check(*, now: datetime | None = None) -> dict:
     event (mailed to the project's admins and sent to its webhooks). A project at or over
     100 % of a budget whose policy stops VMs has its running spot VMs stopped first, then,
     with ``stop_all``, its other running VMs; each step is announced (``budget.reclaim``)
-    before it happens, and audited. Returns what it did."""
+    before it happens, and audited. Compute does the stopping
+    (``compute.services.reclaim.budget_reclaim``). Returns what it did."""
     now = now or timezone.now()
     start, end = month_bounds(now.astimezone(UTC).date())
     budgets = list(Budget.objects.filter(active=True).select_related("project"))
@@ -884,6 +882,9 @@ def budgets_check(*, now: datetime | None = None) -> dict:
             if crossed and _alert_once(budget, start.date(), threshold, amount_spent):
                 done["alerts"].append((budget.pk, threshold))
         if amount_spent >= budget.amount and budget.policy != BudgetPolicy.NOTIFY:
+            # compute writes its VMs (and imports tenants, so only here, not at import time)
+            from compute.services.reclaim import budget_reclaim
+
             done["stopped"] += budget_reclaim(budget=budget, spent=amount_spent)
     return done
 
@@ -922,57 +923,3 @@ def _alert_once(budget: Budget, period: date, threshold: int, spent: Decimal) ->
     except IntegrityError:
         return False
     return True
-
-
-def budget_reclaim(*, budget: Budget, spent: Decimal) -> list[str]:
-    """Stop the running VMs of ``budget``'s project as its policy says: spot VMs first,
-    then (``stop_all``) the rest. Stopping here is shelving (``compute.services.shelve``):
-    a stopped VM would keep its GPUs and bill them at the held price. Each step is
-    announced by a ``budget.reclaim`` event and audited, in its own transaction, before
-    its VMs are stopped; returns the VM ids."""
-    from compute import services as compute
-    from compute.choices import Priority, VmState, VmTask
-    from compute.models import VirtualMachine
-
-    steps = [("spot", {"priority": Priority.SPOT})]
-    if budget.policy == BudgetPolicy.STOP_ALL:
-        steps.append(("on_demand", {}))
-    stopped = []
-    for step, filters in steps:
-        vms = list(
-            VirtualMachine.objects.for_project(budget.project)
-            .filter(state=VmState.RUNNING, task_state=VmTask.NONE, **filters)
-            .select_related("project", "host")
-            .order_by("created_at")
-        )
-        if not vms:
-            continue
-        names = [vm.name for vm in vms]
-        with transaction.atomic():
-            message = (
-                f"project {budget.project.slug} is over its budget {budget.name!r} "
-                f"({spent} of {budget.amount}): stopping {len(vms)} {step} VM(s): "
-                + ", ".join(names)
-            )
-            events.emit(
-                "budget.reclaim",
-                project=budget.project,
-                message=message,
-                obj=budget,
-                payload={"budget": budget.name, "step": step, "vms": names, "spent": str(spent)},
-                mail=True,
-            )
-            audit.record(
-                "budget.reclaim",
-                budget,
-                project=budget.project,
-                detail={"step": step, "vms": [str(vm.pk) for vm in vms], "spent": str(spent)},
-            )
-        for vm in vms:
-            try:
-                compute.vm_shelve(vm=vm)  # every claim returns, not only the guest's power
-            except (Conflict, NotFound) as e:  # it changed meanwhile: nothing to stop
-                log.info("budget %s: vm %s not stopped: %s", budget.pk, vm.pk, e)
-                continue
-            stopped.append(str(vm.pk))
-    return stopped
