@@ -6,7 +6,7 @@
 - ``vms``: the VM life cycle (create, start, stop, reboot, delete) and pending placement;
 - ``reconcile``: what agents report (inventory, guests, observed state) and the drift work;
 - ``spot``: preemption, eviction notices and the hand-over, guaranteed minimums;
-- ``reclaim``: reclamation of expired projects' and idle VMs;
+- ``reclaim``: reclamation of expired projects', idle and over-budget projects' VMs;
 - ``shelve``: shelve (release every claim, keep the root disk) and unshelve;
 - ``consoles``: tokens to a VM's interactive serial console, and their redeeming.
 """
@@ -35,7 +35,7 @@ from compute.services.images import (
     image_register,
     image_upload,
 )
-from compute.services.reclaim import reclaim_run, reclamation_report
+from compute.services.reclaim import budget_reclaim, reclaim_run, reclamation_report
 from compute.services.reconcile import (
     guests_reported,
     host_guests_list,
@@ -66,6 +66,7 @@ from compute.services.vms import (
 
 __all__ = [
     "PING_TASK",
+    "budget_reclaim",
     "console_token_issue",
     "console_token_redeem",
     "eviction_acknowledge",

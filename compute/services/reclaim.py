@@ -1,4 +1,5 @@
-"""Resource reclamation (mdx's): VMs of projects past their end date, and idle VMs.
+"""Resource reclamation (mdx's): VMs of projects past their end date, idle VMs, and VMs of
+projects over a budget that stops them.
 
 Every step is announced before it happens, with the time it will happen (an event,
 ``vm.reclaim_scheduled``, listed in the project's events, sent to its webhooks and mailed to
@@ -21,12 +22,17 @@ capacity returns to others; its owner unshelves it to run again.
   ``KUMO_IDLE_WARNING_S`` later unless it was busy meanwhile. CPU time is what the host
   reads from libvirt; GPU use inside a passthrough guest is invisible to the host, so a GPU
   job that keeps its CPUs below the threshold looks idle (keep the threshold low).
+- **A project over its budget** (``tenants.billing.budgets_check``, for a budget whose
+  policy is ``stop_spot`` or ``stop_all``): ``budget_reclaim`` stops its running spot VMs,
+  then, with ``stop_all``, the others, each step announced (``budget.reclaim``) and audited
+  just before, not ahead of time.
 """
 
 from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -34,13 +40,14 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compute.choices import ReclaimAction, ReclaimReason, VmState, VmTask
+from compute.choices import Priority, ReclaimAction, ReclaimReason, VmState, VmTask
 from compute.models import CapacityGuarantee, VirtualMachine
 from compute.services.shelve import vm_shelve
 from compute.services.vms import vm_delete
 from controlplane import audit, events
-from controlplane.errors import Conflict
-from tenants.choices import ProjectStatus
+from controlplane.errors import Conflict, NotFound
+from tenants.choices import BudgetPolicy, ProjectStatus
+from tenants.models import Budget
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +239,60 @@ def _idle(vm: VirtualMachine, now: datetime) -> bool:
         return False
     last = vm.active_at or vm.launched_at
     return last is not None and last < now - timedelta(seconds=settings.IDLE_AFTER_S)
+
+
+# --- over-budget projects ----------------------------------------------------------------------
+
+
+def budget_reclaim(*, budget: Budget, spent: Decimal) -> list[str]:
+    """Stop the running VMs of ``budget``'s project as its policy says: spot VMs first,
+    then (``stop_all``) the rest. Stopping here is shelving (``compute.services.shelve``):
+    a stopped VM would keep its GPUs and bill them at the held price. Each step is
+    announced by a ``budget.reclaim`` event and audited, in its own transaction, before
+    its VMs are stopped; returns the VM ids. Billing decides when (``budgets_check``);
+    compute does the VM writes."""
+    steps = [("spot", {"priority": Priority.SPOT})]
+    if budget.policy == BudgetPolicy.STOP_ALL:
+        steps.append(("on_demand", {}))
+    stopped = []
+    for step, filters in steps:
+        vms = list(
+            VirtualMachine.objects.for_project(budget.project)
+            .filter(state=VmState.RUNNING, task_state=VmTask.NONE, **filters)
+            .select_related("project", "host")
+            .order_by("created_at")
+        )
+        if not vms:
+            continue
+        names = [vm.name for vm in vms]
+        with transaction.atomic():
+            message = (
+                f"project {budget.project.slug} is over its budget {budget.name!r} "
+                f"({spent} of {budget.amount}): stopping {len(vms)} {step} VM(s): "
+                + ", ".join(names)
+            )
+            events.emit(
+                "budget.reclaim",
+                project=budget.project,
+                message=message,
+                obj=budget,
+                payload={"budget": budget.name, "step": step, "vms": names, "spent": str(spent)},
+                mail=True,
+            )
+            audit.record(
+                "budget.reclaim",
+                budget,
+                project=budget.project,
+                detail={"step": step, "vms": [str(vm.pk) for vm in vms], "spent": str(spent)},
+            )
+        for vm in vms:
+            try:
+                vm_shelve(vm=vm)  # every claim returns, not only the guest's power
+            except (Conflict, NotFound) as e:  # it changed meanwhile: nothing to stop
+                log.info("budget %s: vm %s not stopped: %s", budget.pk, vm.pk, e)
+                continue
+            stopped.append(str(vm.pk))
+    return stopped
 
 
 # --- what the project sees ---------------------------------------------------------------------
