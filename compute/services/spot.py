@@ -1,8 +1,7 @@
 """Spot VMs: preemption for on-demand requests, eviction notices, the hand-over, restart.
 
-The life of an eviction, every step a conditional update through
-``compute.services.vms.transition`` (so whatever follows VM states, billing included,
-sees each one), and every step in the database, so a restarted controller carries on:
+The life of an eviction, each step a conditional update (``lifecycle.transition``: billing
+and all that follows VM states see it) kept in the database for a restarted controller:
 
 1. ``preempt_for(vm)``: an on-demand VM that placement could not fit asks
    ``compute.preemption`` for the best victims on one host. Each victim moves to
@@ -22,17 +21,16 @@ sees each one), and every step in the database, so a restarted controller carrie
    them in the same transaction: a GPU never has two owners, and nothing else can take the
    room in between. Until then a report only records the guest's power: an evicting VM
    stays evicting whatever its guest does.
-
-Locks: the host row first, then its VMs by primary key, in every transaction that locks
-more than one VM of a host (the guests report, a ``vm_apply`` report, ``preempt_for``).
 4. An evicted VM holds nothing (no host, no GPUs, no quota). ``vm_start_evicted`` claims
    its quota again and makes it pending; it is placed when capacity returns.
 
+Locks: the host row first, then its VMs by primary key, in every transaction that locks
+more than one VM of a host (the guests report, a ``vm_apply`` report, ``preempt_for``).
+
 Guaranteed minimums (mdx's Rmin, ``CapacityGuarantee.min_gpus``): a project's GPU VMs count
-towards its minimum on-demand first, then spot oldest first; its spot VMs within the
-minimum are never victims. Its on-demand requests are never victims either (no on-demand
-VM is), so a project's use up to its minimum is never taken by preemption, and its
-on-demand requests get capacity by evicting other projects' unprotected spot VMs.
+towards its minimum on-demand first, then spot oldest first, and its spot VMs within the
+minimum are never victims (no on-demand VM ever is): its use up to its minimum is never
+preempted, and its on-demand requests evict other projects' unprotected spot VMs.
 """
 
 from __future__ import annotations
@@ -536,11 +534,9 @@ def _shelve_evicted(vm: VirtualMachine, host: Host, now) -> dict:
     its disk on ``host`` after commit. For a template whose ``evict_action`` is shelve."""
     kept = kept_disk_path(vm)
     message = VmApply(
-        vm_id=str(vm.pk),
-        generation=vm.generation + 1,
-        desired=DesiredPower.ABSENT,
+        vm_id=str(vm.pk), generation=vm.generation + 1, desired=DesiredPower.ABSENT,
         extra={"keep_root_disk": kept},
-    )
+    )  # fmt: skip
     agents.send_to_host(host.name, VM_APPLY_TASK, **message.to_wire())
     return {"state": VmState.SHELVED, "kept_disk": kept, "shelved_at": now}
 
