@@ -4,7 +4,7 @@ import secrets
 import uuid
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -23,13 +23,8 @@ from compute.choices import (
     VmState,
     VmTask,
 )
+from controlplane.validators import hostname_validator
 from tenants.models import Project, ProjectOwnedModel
-
-hostname_validator = RegexValidator(
-    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$",
-    "1 to 63 characters: lower-case letters, digits and hyphens, not starting or ending "
-    "with a hyphen (it becomes the guest's host name).",
-)
 
 
 class Host(models.Model):

@@ -13,7 +13,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from compute.models import Device, Host, VirtualMachine, hostname_validator
+from compute.models import Device, Host, VirtualMachine
+from controlplane.validators import hostname_validator
 from network.choices import (
     ConnectionKind,
     ConnectionState,

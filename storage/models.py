@@ -13,7 +13,8 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
-from compute.models import Host, VirtualMachine, hostname_validator
+from compute.models import Host, VirtualMachine
+from controlplane.validators import hostname_validator
 from storage.choices import ShareBackend, ShareTier, UsageKind, VolumeState, VolumeTier
 from tenants.models import ProjectOwnedModel
 

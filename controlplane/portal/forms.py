@@ -6,7 +6,8 @@ rules themselves are the services', whose errors land back on these forms
 from django import forms
 
 from compute.choices import HostState, Priority
-from compute.models import Image, Template, hostname_validator
+from compute.models import Image, Template
+from controlplane.validators import hostname_validator
 from network.choices import Direction, ForwardProtocol, Protocol
 from network.models import GlobalIp, Network, Port
 from storage.choices import VolumeTier

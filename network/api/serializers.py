@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
-from compute.models import hostname_validator
 from controlplane.api import fields
+from controlplane.validators import hostname_validator
 from network.choices import (
     ConnectionKind,
     Direction,

@@ -1,8 +1,8 @@
 from django.conf import settings
 from rest_framework import serializers
 
-from compute.models import hostname_validator
 from controlplane.api import fields
+from controlplane.validators import hostname_validator
 from storage.choices import ShareTier, VolumeTier
 from storage.models import AccessKey, Bucket, Share, Volume, bucket_name_validator
 from storage.selectors import FSTYPES
