@@ -71,6 +71,26 @@ class ReclamationReport(Singleton[Reclamation]):
     path, type = "reclamation/", Reclamation
 
 
+def _vm_action(path: str, doc: str):
+    """A VM action method: POST ``vms/<id>/<path>/`` (202 with an operation); ``wait`` waits
+    for the operation (``timeout`` seconds, ``on_poll`` called on each poll)."""
+
+    def act(
+        self: VirtualMachines,
+        vm_id: str,
+        *,
+        project: str | None = None,
+        wait: bool = False,
+        timeout: float = 600.0,
+        on_poll: Callable[[Operation], None] | None = None,
+    ) -> Operation:
+        return self._act(vm_id, path, project, wait=wait, timeout=timeout, on_poll=on_poll)
+
+    act.__name__ = act.__qualname__ = path.replace("-", "_")
+    act.__doc__ = doc
+    return act
+
+
 class VirtualMachines(Resource[VirtualMachine]):
     """A project's VMs. Every change answers 202 with an operation; ``wait=True`` waits for
     it (``timeout`` seconds) and returns the VM as it then is. ``list`` filters: ``state``
@@ -147,90 +167,23 @@ class VirtualMachines(Resource[VirtualMachine]):
             operation = self._c.operations.wait(operation, timeout=timeout, on_poll=on_poll)
         return operation
 
-    def start(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        return self._act(vm_id, "start", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def stop(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        """Stop the guest (gracefully first, then forcibly after the server's grace time)."""
-        return self._act(vm_id, "stop", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def shelve(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        """Stop the VM, keep its root disk and release every claim (GPUs, vCPUs, memory,
-        host); it then bills its disk only."""
-        return self._act(vm_id, "shelve", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def unshelve(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        """Place a shelved VM again anywhere it fits (waiting for capacity) and boot its
-        kept disk."""
-        return self._act(vm_id, "unshelve", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def reboot(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        return self._act(vm_id, "reboot", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def reset(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        """Hard-reset a running VM (the reset button: its OS is not asked)."""
-        return self._act(vm_id, "reset", project, wait=wait, timeout=timeout, on_poll=on_poll)
-
-    def power_off(
-        self,
-        vm_id: str,
-        *,
-        project: str | None = None,
-        wait: bool = False,
-        timeout: float = 600.0,
-        on_poll: Callable[[Operation], None] | None = None,
-    ) -> Operation:
-        """Power a running VM off at once (its OS is not asked); also while a graceful
-        stop or reboot hangs."""
-        return self._act(vm_id, "power-off", project, wait=wait, timeout=timeout, on_poll=on_poll)
+    start = _vm_action("start", "Start a stopped VM (or an evicted one: it waits for room).")
+    stop = _vm_action("stop", "Stop the guest: gracefully, forcibly past the server's grace.")
+    shelve = _vm_action(
+        "shelve",
+        "Stop the VM, keep its root disk and release every claim (GPUs, vCPUs, memory, host);"
+        " it then bills its disk only.",
+    )
+    unshelve = _vm_action(
+        "unshelve", "Place a shelved VM again where it fits (or wait) and boot its kept disk."
+    )
+    reboot = _vm_action("reboot", "Reboot the guest (gracefully: its OS is asked).")
+    reset = _vm_action("reset", "Hard-reset a running VM (the reset button: its OS is not asked).")
+    power_off = _vm_action(
+        "power-off",
+        "Power a running VM off at once (its OS is not asked); also while a graceful stop or"
+        " reboot hangs.",
+    )
 
     def console(self, vm_id: str, *, project: str | None = None) -> ConsoleTicket:
         """A token to the running VM's interactive serial console: ``url`` is the console
