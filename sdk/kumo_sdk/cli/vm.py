@@ -188,46 +188,30 @@ def _vm_action(ctx: typer.Context, vm: str, action: str, wait: bool, timeout: fl
 VmArg = Annotated[str, typer.Argument(help="The VM's name or id.")]
 
 
-@command(app, "start")
-def vm_start(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Start a stopped VM."""
-    _vm_action(ctx, vm, "start", wait, timeout)
+ACTIONS = (
+    ("start", "start", "Start a stopped VM."),
+    ("stop", "stop", "Stop a running VM (its resources stay claimed)."),
+    ("shelve", "shelve", "Shelve a VM: stop it, keep its disk, release its GPUs, vCPUs, memory."),
+    ("unshelve", "unshelve", "Unshelve a VM: place it again where it fits and boot its kept disk."),
+    ("reboot", "reboot", "Reboot a running VM."),
+    ("reset", "reset", "Hard-reset a running VM (the reset button: its OS is not asked)."),
+    ("power-off", "power_off", "Power a running VM off at once (its OS is not asked)."),
+)  # fmt: skip
 
 
-@command(app, "stop")
-def vm_stop(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Stop a running VM (its resources stay claimed)."""
-    _vm_action(ctx, vm, "stop", wait, timeout)
+def _action_command(name: str, method: str, doc: str) -> None:
+    """``kumo vm <name> VM [--wait] [--timeout S]``: the SDK's ``vms.<method>``."""
+
+    def run(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
+        _vm_action(ctx, vm, method, wait, timeout)
+
+    run.__name__ = run.__qualname__ = f"vm_{method}"
+    run.__doc__ = doc
+    command(app, name)(run)
 
 
-@command(app, "shelve")
-def vm_shelve(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Shelve a VM: stop it, keep its disk and release its GPUs, vCPUs and memory."""
-    _vm_action(ctx, vm, "shelve", wait, timeout)
-
-
-@command(app, "unshelve")
-def vm_unshelve(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Unshelve a VM: place it again where it fits and boot its kept disk."""
-    _vm_action(ctx, vm, "unshelve", wait, timeout)
-
-
-@command(app, "reboot")
-def vm_reboot(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Reboot a running VM."""
-    _vm_action(ctx, vm, "reboot", wait, timeout)
-
-
-@command(app, "reset")
-def vm_reset(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Hard-reset a running VM (the reset button: its OS is not asked)."""
-    _vm_action(ctx, vm, "reset", wait, timeout)
-
-
-@command(app, "power-off")
-def vm_power_off(ctx: typer.Context, vm: VmArg, wait: Wait = False, timeout: Timeout = 600) -> None:
-    """Power a running VM off at once (its OS is not asked), e.g. when a stop hangs."""
-    _vm_action(ctx, vm, "power_off", wait, timeout)
+for _name, _method, _doc in ACTIONS:
+    _action_command(_name, _method, _doc)
 
 
 @command(app, "console-log")
