@@ -2,9 +2,11 @@
 
 from functools import cache
 
+from django.db.models import Q
+
 from controlplane.rowjoin import JoinedLookup
 from tenants import quotas
-from tenants.models import ApiToken, Membership, Project
+from tenants.models import ApiToken, Membership, Project, User
 
 
 def token_project_id(token) -> int | None:
@@ -55,3 +57,18 @@ def quota_report(project: Project) -> dict:
         }
         for name in limits
     }
+
+
+def users_search(q: str = ""):
+    """Every user (operators' view), with identities; ``q`` matches username, e-mail, name or
+    organisation."""
+    qs = User.objects.prefetch_related("external_identities").order_by("username")
+    q = q.strip()
+    if q:
+        qs = qs.filter(
+            Q(username__icontains=q)
+            | Q(email__icontains=q)
+            | Q(display_name__icontains=q)
+            | Q(organisation__icontains=q)
+        )
+    return qs

@@ -17,6 +17,7 @@ from controlplane.portal.views import (
     people,
     projects,
     storage,
+    users,
     vms,
 )
 from tenants.federation import saml
@@ -90,4 +91,7 @@ urlpatterns = [
     path("account/tokens/<int:pk>/revoke/", people.token_revoke, name="token-revoke"),
     path("fleet/", fleet.fleet, name="fleet"),
     path("fleet/hosts/<slug:name>/state/", fleet.host_state, name="host-state"),
+    path("fleet/users/", users.user_list, name="users"),
+    path("fleet/users/<str:username>/deactivate/", users.user_deactivate, name="user-deactivate"),
+    path("fleet/users/<str:username>/reactivate/", users.user_reactivate, name="user-reactivate"),
 ]

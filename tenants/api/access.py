@@ -6,7 +6,6 @@
 - ``applications/``: anyone applies and sees their own applications; operators review.
 """
 
-from django.db.models import Q
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -16,7 +15,7 @@ from rest_framework.views import APIView
 from controlplane.api import fields
 from controlplane.api.errors import ErrorSerializer
 from controlplane.api.viewsets import KumoViewMixin, OperatorViewSet, ProjectScopedViewSet
-from tenants import applications, invitations, services, users
+from tenants import applications, invitations, selectors, services, users
 from tenants.choices import Role
 from tenants.models import ExternalIdentity, Invitation, Project, ProjectApplication, User
 
@@ -246,16 +245,7 @@ class OperatorUserViewSet(
     audit_object_type = "tenants.user"
 
     def get_queryset(self):
-        qs = super().get_queryset()
-        q = self.request.query_params.get("q", "").strip()
-        if q:
-            qs = qs.filter(
-                Q(username__icontains=q)
-                | Q(email__icontains=q)
-                | Q(display_name__icontains=q)
-                | Q(organisation__icontains=q)
-            )
-        return qs
+        return selectors.users_search(self.request.query_params.get("q", ""))
 
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
