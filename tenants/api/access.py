@@ -16,8 +16,9 @@ from controlplane.api import fields
 from controlplane.api.errors import ErrorSerializer
 from controlplane.api.viewsets import KumoViewMixin, OperatorViewSet, ProjectScopedViewSet
 from tenants import applications, invitations, selectors, services, users
+from tenants.api.serializers import IdentitySerializer
 from tenants.choices import Role
-from tenants.models import ExternalIdentity, Invitation, Project, ProjectApplication, User
+from tenants.models import Invitation, Project, ProjectApplication, User
 
 
 class InvitationSerializer(fields.ModelSerializer):
@@ -201,13 +202,6 @@ class ApplicationViewSet(
 
 
 # --- users, for operators -------------------------------------------------------------------------
-
-
-class IdentitySerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ExternalIdentity
-        fields = ["id", "kind", "issuer", "subject", "last_login_at", "created_at"]
-        read_only_fields = fields
 
 
 class OperatorUserSerializer(fields.ModelSerializer):

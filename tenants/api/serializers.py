@@ -3,7 +3,16 @@ from rest_framework import serializers
 
 from controlplane.api import fields
 from tenants.choices import ProjectStatus, Role
-from tenants.models import ApiToken, Membership, Project, Quota, SSHKey, User, slug_validator
+from tenants.models import (
+    ApiToken,
+    ExternalIdentity,
+    Membership,
+    Project,
+    Quota,
+    SSHKey,
+    User,
+    slug_validator,
+)
 
 
 class UserBriefSerializer(serializers.ModelSerializer):
@@ -13,10 +22,27 @@ class UserBriefSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class IdentitySerializer(serializers.ModelSerializer):
+    """A federated identity (SAML or OIDC) linked to a user: who vouches (``issuer``) for
+    whom (``subject``)."""
+
+    class Meta:
+        model = ExternalIdentity
+        fields = ["id", "kind", "issuer", "subject", "last_login_at", "created_at"]
+        read_only_fields = fields
+
+
 class MeSerializer(serializers.ModelSerializer):
+    """The caller, with the profile their institution released and their linked identities."""
+
+    identities = IdentitySerializer(source="external_identities", many=True, read_only=True)
+
     class Meta:
         model = User
-        fields = ["id", "username", "email", "first_name", "last_name", "is_staff", "date_joined"]
+        fields = [
+            "id", "username", "email", "first_name", "last_name", "display_name",
+            "organisation", "affiliation", "is_staff", "date_joined", "identities",
+        ]  # fmt: skip
         read_only_fields = fields
 
 

@@ -65,6 +65,14 @@ def test_the_readme_tour_runs_against_a_live_kumo(server, hosts, tmp_path):
     )
     out = run.stdout.splitlines()
     assert '{"slug":"demo","my_role":"member"}' in out
+    # bob's first login through the demo university made his account from its attributes
+    bob = {
+        "username": "bob@demo-university.example",
+        "display_name": "Bob Baba",
+        "organisation": "Demo University",
+        "identities": ["saml"],
+    }
+    assert json.dumps(bob, separators=(",", ":"), ensure_ascii=False) in out
     assert "cpu-4" in out
     [vm] = [json.loads(line) for line in out if line.startswith('{"name":"train-1"')]
     assert vm["state"] == "running" and vm["host"] == hosts[0]

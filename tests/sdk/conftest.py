@@ -20,6 +20,7 @@ from compute.choices import HostState
 from compute.management.commands.simfleet import write_and_register
 from compute.models import Host
 from tenants import services as tenants
+from tenants.federation.demo_idp import DemoIdP, serve
 from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
 from tests.factories import UserFactory, make_project, token_for
 
@@ -68,10 +69,11 @@ def server(django_db_setup, tmp_path_factory, s3_server):
         KUMO_OBJECT_STORE_SECRET_KEY=s3_server["secret_key"],
     )
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    fleet = Fleet(env, var)
     bind = f"127.0.0.1:{free_port()}"
-    start_topology(fleet, bind=bind, hosts=[], only={"web"})
     url = f"http://{bind}"
+    idp_server, _ = demo_federation(env, var, url)
+    fleet = Fleet(env, var)
+    start_topology(fleet, bind=bind, hosts=[], only={"web"})
 
     def answers():
         try:
@@ -84,6 +86,26 @@ def server(django_db_setup, tmp_path_factory, s3_server):
         yield Server(url=url, bind=bind, fleet=fleet)
     finally:
         fleet.stop()
+        idp_server.shutdown()
+
+
+def demo_federation(env: dict, var, url: str):
+    """The demo IdP of ``make run`` (a real pysaml2 IdP) on a free port, in a thread, and
+    ``env`` pointing the server at its federation's signed aggregate (which ``manage.py
+    bootstrap`` loads), as ``make run`` does."""
+    idp = DemoIdP(
+        base_url=f"http://127.0.0.1:{free_port()}",
+        workdir=var / "demo-idp",
+        sp_metadata_url=f"{url}/saml2/metadata/",
+    )
+    aggregate, cert = idp.write_federation()
+    env.update(
+        KUMO_BASE_URL=url,
+        KUMO_SAML_METADATA_URL=str(aggregate),
+        KUMO_SAML_FEDERATION_CERT=str(cert),
+    )
+    port = int(idp.base_url.rsplit(":", 1)[1])
+    return serve(idp, "127.0.0.1", port)
 
 
 @pytest.fixture

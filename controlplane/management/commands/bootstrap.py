@@ -1,5 +1,6 @@
 """``manage.py bootstrap``: the admin user, a demo project and its member, the VM templates
-and an image for the simulated hosts. Run it again and
+and an image for the simulated hosts, and the federation's metadata when one is configured
+(``KUMO_SAML_METADATA_URL``). Run it again and
 nothing is duplicated: existing users and the project are kept as they are."""
 
 import secrets
@@ -100,3 +101,16 @@ class Command(BaseCommand):
         self.credentials = {"admin": admin_pw, "alice": alice_pw}
         self.stdout.write(f"admin / {admin_pw}   (staff, owner of project {DEMO_PROJECT})")
         self.stdout.write(f"alice / {alice_pw}   (member of project {DEMO_PROJECT})")
+        if settings.SAML_METADATA_URL:
+            self._federation()
+
+    def _federation(self):
+        """Load the configured federation's aggregate now, so institutional login works
+        before beat's first refresh."""
+        from tenants.federation import metadata
+
+        row = metadata.metadata_refresh()
+        if row.last_error:
+            self.stderr.write(f"federation metadata {row.source} refused: {row.last_error}")
+        else:
+            self.stdout.write(f"federation metadata {row.source}: {row.idp_count} institutions")

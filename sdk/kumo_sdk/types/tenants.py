@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+from kumo_sdk.types.access import Identity
+
 
 @dataclass(frozen=True)
 class User:
@@ -14,8 +16,12 @@ class User:
     email: str = ""
     first_name: str = ""
     last_name: str = ""
+    display_name: str = ""
+    organisation: str = ""
+    affiliation: str = ""
     is_staff: bool = False
     date_joined: datetime | None = None
+    identities: list[Identity] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
