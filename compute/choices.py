@@ -120,3 +120,13 @@ class DesiredPower(models.TextChoices):
     RUNNING = "running", "Running"
     STOPPED = "stopped", "Stopped"
     ABSENT = "absent", "Absent"
+
+
+class LeaseState(models.TextChoices):
+    """A reservation's life (``compute.leases``)."""
+
+    SCHEDULED = "scheduled", "Scheduled"  # admitted; its GPUs are counted, none held yet
+    PREPARING = "preparing", "Preparing"  # GPUs held; spot VMs on them have their notice
+    ACTIVE = "active", "Active"  # between start and end: the project's VMs run in it
+    ENDED = "ended", "Ended"
+    CANCELLED = "cancelled", "Cancelled"

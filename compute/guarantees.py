@@ -37,9 +37,11 @@ import zlib
 
 from django.db import connection, transaction
 from django.db.models import Q, Sum
+from django.utils import timezone
 
 from compute.choices import DeviceKind, HostState, Priority, VmState
-from compute.models import CapacityGuarantee, Device, Host, VirtualMachine
+from compute.leases import HOLDING as LEASE_HOLDING
+from compute.models import CapacityGuarantee, Device, Host, Lease, VirtualMachine
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput
 
@@ -119,11 +121,12 @@ def guarantee_set(
             promised = (
                 others.filter(gpu_model=gpu_model).aggregate(n=Sum("min_gpus"))["n"] or 0
             ) + min_gpus
+            promised += leased_peak(gpu_model, timezone.now())
             have = fleet.get(gpu_model, 0)
             if promised > have:
                 raise Conflict(
-                    f"guaranteed minimums of {gpu_model} would add up to {promised} GPUs; "
-                    f"the fleet has {have}: {promised - have} too many",
+                    f"guaranteed minimums and reservations of {gpu_model} would add up to "
+                    f"{promised} GPUs; the fleet has {have}: {promised - have} too many",
                     code="over_promised",
                     details={"min_gpus": [f"exceeds the fleet by {promised - have}"]},
                 )
@@ -182,24 +185,30 @@ def admission_refusal(vm: VirtualMachine) -> str:
     """Why ``vm`` (an on-demand request) may not take capacity now: other projects'
     guaranteed headroom would be taken; empty when it may. Spot VMs are always admitted
     (they only ever borrow the headroom)."""
-    if vm.priority != Priority.ON_DEMAND:
-        return ""
+    if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
+        return ""  # a VM in a lease runs on the lease's own GPUs
     if vm.gpus:
         guarantees = list(
             CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=vm.gpu_model).values_list(
                 "project_id", "min_gpus"
             )
         )
-        if guarantees and any(pid != vm.project_id for pid, _ in guarantees):
+        others = any(pid != vm.project_id for pid, _ in guarantees)
+        leased = leased_peak(vm.gpu_model, timezone.now())
+        if others or leased:
             _advisory_lock(f"kumo.guarantee.gpu.{vm.gpu_model}")
             used = _on_demand_use("gpus", Q(gpu_model=vm.gpu_model, gpus__gt=0), exclude=vm)
             headroom = _headroom(guarantees, used, vm.project_id)
             total = fleet_gpus(up_only=True).get(vm.gpu_model, 0)
             taken = sum(used.values())
-            if taken + vm.gpus + headroom > total:
+            if taken + vm.gpus + headroom + leased > total:
+                held = [f"guaranteed to other projects ({headroom} GPUs of headroom)"]
+                if leased:
+                    held = held[:1] if headroom else []
+                    held.append(f"reserved by leases ({leased} GPUs)")
                 return (
-                    f"the free {vm.gpu_model} GPUs are guaranteed to other projects "
-                    f"({headroom} GPUs of headroom); waiting for capacity"
+                    f"the free {vm.gpu_model} GPUs are {' and '.join(held)}; "
+                    "waiting for capacity"
                 )
     guarantees = list(
         CapacityGuarantee.objects.filter(min_vcpus__gt=0).values_list("project_id", "min_vcpus")
@@ -216,16 +225,66 @@ def admission_refusal(vm: VirtualMachine) -> str:
     return ""
 
 
-def _on_demand_use(field: str, where: Q, *, exclude: VirtualMachine) -> dict[int, int]:
+def _on_demand_use(
+    field: str, where: Q, *, exclude: VirtualMachine | None = None
+) -> dict[int, int]:
+    """Per project, what its on-demand VMs outside leases hold of ``field``."""
     rows = (
-        VirtualMachine.objects.filter(where, priority=Priority.ON_DEMAND, state__in=HOLDING)
-        .exclude(pk=exclude.pk)
+        VirtualMachine.objects.filter(
+            where, priority=Priority.ON_DEMAND, state__in=HOLDING, lease__isnull=True
+        )
+        .exclude(pk=exclude.pk if exclude else None)
         .values("project_id")
         .annotate(n=Sum(field))
         .values_list("project_id", "n")
         .order_by()
     )
     return {pid: n or 0 for pid, n in rows}
+
+
+# --- what is promised over time ------------------------------------------------------------
+
+
+def peak(intervals, start, end=None) -> int:
+    """The most GPUs that ``intervals`` ((start, end, gpus) each) hold at one instant of
+    ``[start, end)`` (``end`` None: from ``start`` on)."""
+    changes = []
+    for s, e, n in intervals:
+        s, e = max(s, start), (min(e, end) if end else e)
+        if s < e:
+            changes += [(s, n), (e, -n)]
+    changes.sort(key=lambda change: change[0:2])  # at one instant, ends before starts
+    held = most = 0
+    for _, n in changes:
+        held += n
+        most = max(most, held)
+    return most
+
+
+def lease_intervals(model: str, start, end=None, *, exclude=None) -> list[tuple]:
+    leases = Lease.objects.filter(gpu_model=model, state__in=LEASE_HOLDING, ends_at__gt=start)
+    if end is not None:
+        leases = leases.filter(starts_at__lt=end)
+    if exclude is not None:
+        leases = leases.exclude(pk=exclude.pk)
+    return list(leases.values_list("starts_at", "ends_at", "gpus").order_by())
+
+
+def leased_peak(model: str, start, end=None, *, exclude=None) -> int:
+    """The most GPUs of ``model`` that leases hold at one instant of ``[start, end)``."""
+    return peak(lease_intervals(model, start, end, exclude=exclude), start, end)
+
+
+def committed(model: str) -> int:
+    """GPUs of ``model`` promised now, for as long as anyone can tell: per project, the
+    larger of its guaranteed minimum and what its on-demand VMs hold (they have no end)."""
+    minimums = dict(
+        CapacityGuarantee.objects.filter(gpu_model=model, min_gpus__gt=0).values_list(
+            "project_id", "min_gpus"
+        )
+    )
+    used = _on_demand_use("gpus", Q(gpu_model=model, gpus__gt=0))
+    return sum(max(minimums.get(p, 0), used.get(p, 0)) for p in minimums.keys() | used.keys())
 
 
 # --- a host leaving service ------------------------------------------------------------------

@@ -14,6 +14,7 @@ from compute.choices import (
     HostState,
     ImageFormat,
     ImageState,
+    LeaseState,
     PlacementPolicy,
     PowerState,
     Priority,
@@ -120,6 +121,14 @@ class Device(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="devices",
+    )
+    lease = models.ForeignKey(
+        "Lease",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="devices",
+        help_text="the lease holding this GPU now: only that lease's VMs are placed on it",
     )
 
     class Meta:
@@ -287,6 +296,14 @@ class VirtualMachine(ProjectOwnedModel):
     placement_group = models.ForeignKey(
         PlacementGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="vms"
     )
+    lease = models.ForeignKey(
+        "Lease",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="vms",
+        help_text="the reservation this VM runs in: placed on its GPUs, shelved at its end",
+    )
     vcpus = models.PositiveIntegerField()
     memory_mib = models.PositiveBigIntegerField()
     gpus = models.PositiveSmallIntegerField(default=0)
@@ -414,6 +431,70 @@ class CapacityGuarantee(models.Model):
 
     def __str__(self):
         return f"{self.project}: {self.min_gpus} GPUs guaranteed"
+
+
+class Lease(ProjectOwnedModel):
+    """A reservation (OpenStack Blazar's lease): ``gpus`` GPUs of ``gpu_model`` for the
+    project over ``[starts_at, ends_at)`` (``compute.leases``).
+
+    Admission counts it against the fleet over time, with the guaranteed minimums and the
+    on-demand VMs that hold GPUs now (which have no end). ``KUMO_LEASE_LEAD_S`` before its
+    start it takes hold of real GPUs (``LeaseAllocation``: no two leases hold one GPU over
+    overlapping periods, a constraint of the database on PostgreSQL) and the spot VMs on
+    them get their notice; from its start the project's VMs created in it are placed
+    there; at its end they are shelved. It is billed for every GPU-hour it holds, used or
+    not, at the rate card's reserved factor."""
+
+    name = models.CharField(max_length=63, validators=[hostname_validator])
+    gpu_model = models.CharField(max_length=64)
+    gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    state = models.CharField(
+        max_length=16, choices=LeaseState.choices, default=LeaseState.SCHEDULED
+    )
+    state_reason = models.CharField(max_length=255, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    end_notice_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="lease_ends_after_start"
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "starts_at"], name="lease_state_start")]
+
+    def __str__(self):
+        return f"{self.name}: {self.gpus} {self.gpu_model} {self.starts_at:%Y-%m-%d %H:%M}"
+
+
+class LeaseAllocation(models.Model):
+    """One GPU a lease holds over ``[starts_at, ends_at)``. On PostgreSQL an exclusion
+    constraint (``lease_allocation_no_overlap``: same device, overlapping periods) makes a
+    double booking impossible, whatever the code above it does."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="+")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["lease", "device"], name="unique_lease_device"),
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")),
+                name="lease_allocation_ends_after_start",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.lease_id}: {self.device_id}"
 
 
 class OrphanGuest(models.Model):

@@ -32,6 +32,7 @@ from django.db.models import F
 from django.db.models.functions import Floor
 from django.utils import timezone
 
+from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
 from compute.models import Device, Host, PlacementGroup, VirtualMachine
 from compute.scheduler import (
@@ -64,8 +65,10 @@ class ClaimConflict(Exception):
 # --- the view -----------------------------------------------------------------------------------
 
 
-def _host_views(hosts) -> list[HostView]:
-    """Views of the hosts of queryset ``hosts``: free capacity and free GPUs per cell."""
+def _host_views(hosts, *, lease_id: int | None = None) -> list[HostView]:
+    """Views of the hosts of queryset ``hosts``: free capacity and free GPUs per cell. A
+    GPU a lease holds is free only in the view of that lease (``lease_id``); in every
+    other view it is held (``gpus_held``: CPU VMs leave it its share of the host)."""
     rows = list(
         hosts.values(
             "id",
@@ -97,16 +100,18 @@ def _host_views(hosts) -> list[HostView]:
         for row in rows
     }
     gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
-    for host_id, device_id, cell, model, vm_id in gpus.values_list(
-        "host_id", "id", "numa_node", "model", "vm_id"
+    for host_id, device_id, cell, model, vm_id, held_for in gpus.values_list(
+        "host_id", "id", "numa_node", "model", "vm_id", "lease_id"
     ).order_by():
         host = views[host_id]
         cell = cell if cell is not None else 0
         host.gpu_model = model
         host.cell_sizes[cell] = host.cell_sizes.get(cell, 0) + 1
         free = host.cells.setdefault(cell, [])
-        if vm_id is None:
+        if vm_id is None and held_for == lease_id:
             free.append(device_id)
+        elif vm_id is None and lease_id is None:
+            host.gpus_held += 1
     reserve = settings.GPU_HOST_CPU_RESERVE
     for view in views.values():
         if view.gpus_total and reserve > 0:
@@ -233,7 +238,13 @@ def _claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
     if not moved:
         raise ClaimConflict(f"host {placement.host_name} no longer has the room")
     if placement.device_ids:
-        taken = _devices_give(placement.device_ids, vm.pk, host_id=placement.host_id, present=True)
+        taken = _devices_give(
+            placement.device_ids,
+            vm.pk,
+            host_id=placement.host_id,
+            present=True,
+            lease_id=vm.lease_id,  # a lease's GPUs go to its VMs only
+        )
         if taken != len(placement.device_ids):
             raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     if vm.placement_group_id is not None:
@@ -270,6 +281,8 @@ def place(vm: VirtualMachine) -> Placement:
     projects' guaranteed headroom is refused first (``compute.guarantees``).
     """
     req = request_for(vm)
+    if vm.lease_id is not None:
+        return _place_in_lease(vm, req)
     from compute import guarantees
 
     refusal = guarantees.admission_refusal(vm)
@@ -312,6 +325,26 @@ def place(vm: VirtualMachine) -> Placement:
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
     )
+
+
+def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
+    """Place ``vm`` on its lease's GPUs, from the database (a lease holds few hosts)."""
+    refusal = leases.placement_refusal(vm)
+    if refusal:
+        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
+    hosts = Host.objects.filter(
+        state=HostState.UP, pk__in=Device.objects.filter(lease_id=vm.lease_id).values("host_id")
+    )
+    scheduler = Scheduler(_host_views(hosts, lease_id=vm.lease_id))
+    try:
+        chosen = scheduler.select(req)
+    except NoValidHost as e:
+        raise NoValidHost(
+            req, 0, Counter(), 0, reason=f"its lease has no room left for it: {e.reason}"
+        ) from e
+    claim(vm, chosen, req)
+    log.info("vm %s placed in its lease on %s", vm.pk, chosen.host_name)
+    return chosen
 
 
 def place_on(vm: VirtualMachine, host_id: int) -> Placement:

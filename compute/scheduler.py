@@ -54,6 +54,8 @@ class HostView:
     # from CPU VMs (``gpu_reserve_filter``); 0 holds nothing back.
     vcpus_per_gpu: int = 0
     memory_mib_per_gpu: int = 0
+    # Free GPUs a lease holds: not this view's to give, but CPU VMs leave them their share.
+    gpus_held: int = 0
 
     @property
     def gpus_total(self) -> int:
@@ -142,9 +144,9 @@ def gpu_reserve_filter(host: HostView, req: Request) -> bool:
     ``memory_mib_per_gpu``, the host's share per GPU times ``KUMO_GPU_HOST_CPU_RESERVE``).
     Applied while the view holds CPU hosts (``Scheduler.select``): a fleet of GPU hosts
     only has nowhere else for CPU VMs to go."""
-    if req.gpus or not host.gpus_free:
+    free = host.gpus_free + host.gpus_held
+    if req.gpus or not free:
         return True
-    free = host.gpus_free
     return (
         host.vcpus_free - req.vcpus >= free * host.vcpus_per_gpu
         and host.memory_mib_free - req.memory_mib >= free * host.memory_mib_per_gpu

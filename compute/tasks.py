@@ -30,6 +30,12 @@ def evictions_reap() -> int:
     return services.evictions_reap()
 
 
+@shared_task(name="kumo.control.leases_tick", acks_late=True, time_limit=120)
+@audit.as_controller
+def leases_tick() -> dict:
+    return services.leases_tick()
+
+
 @shared_task(name="kumo.control.reclaim", acks_late=True, time_limit=300)
 @audit.as_controller
 def reclaim() -> dict:

@@ -38,6 +38,7 @@ app.conf.beat_schedule = {
         "schedule": settings.SPOT_REAP_S,
     },
     "reclaim": {"task": "kumo.control.reclaim", "schedule": settings.RECLAIM_INTERVAL_S},
+    "move-leases-on": {"task": "kumo.control.leases_tick", "schedule": settings.LEASE_TICK_S},
     "sync-host-networks": {
         "task": "kumo.control.network_sync",
         "schedule": settings.NETWORK_SYNC_S,

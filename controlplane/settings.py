@@ -342,6 +342,14 @@ SPOT_REAP_S = float(os.environ.get("KUMO_SPOT_REAP_S", "5"))
 # KUMO_METADATA_URL: the metadata endpoint as guests reach it over their network, written
 # into each guest's /etc/kumo/metadata.env with its token (read by compute.services.vms).
 METADATA_URL = os.environ.get("KUMO_METADATA_URL", "http://127.0.0.1:8000/api/v1/metadata")
+# KUMO_LEASE_LEAD_S: how long before its start a lease takes hold of its GPUs and gives the
+# spot VMs on them their notice, and before its end its project is told which VMs will be
+# shelved (seconds; longer than any template's eviction notice plus KUMO_SPOT_STOP_GRACE_S,
+# so the GPUs are free at the start). KUMO_LEASE_MAX_DAYS: the longest lease.
+# KUMO_LEASE_TICK_S: how often beat moves leases on (compute.services.leases).
+LEASE_LEAD_S = float(os.environ.get("KUMO_LEASE_LEAD_S", "900"))
+LEASE_MAX_DAYS = int(os.environ.get("KUMO_LEASE_MAX_DAYS", "92"))
+LEASE_TICK_S = float(os.environ.get("KUMO_LEASE_TICK_S", "30"))
 # KUMO_RECLAIM_INTERVAL_S: how often beat runs reclamation (seconds).
 RECLAIM_INTERVAL_S = float(os.environ.get("KUMO_RECLAIM_INTERVAL_S", "300"))
 # KUMO_RECLAIM_EXPIRED_NOTICE_S: a running VM of a project past its end date is stopped this

@@ -58,13 +58,16 @@ def vm_usage_wanted(vm) -> dict[tuple[str, str], tuple[Decimal, str]]:
     if vm.state not in BILLABLE_VM_STATES and vm.state not in HELD_VM_STATES:
         return {}
     priority = vm.priority if vm.priority in BillingPriority.values else BillingPriority.ON_DEMAND
+    leased = getattr(vm, "lease_id", None) is not None
+    if leased:
+        priority = BillingPriority.RESERVED  # its GPUs are the lease's, billed with the lease
     if vm.state in HELD_VM_STATES:
         priority = BillingPriority.HELD
     wanted = {
         (UsageResource.VCPU.value, ""): (Decimal(vm.vcpus), priority),
         (UsageResource.MEMORY.value, ""): (Decimal(vm.memory_mib) / Decimal(1024), priority),
     }
-    if vm.gpus:
+    if vm.gpus and not leased:
         wanted[(UsageResource.GPU.value, vm.gpu_model or "")] = (Decimal(vm.gpus), priority)
     if vm.state in HELD_VM_STATES and vm.disk_gib:
         wanted.update(disk)

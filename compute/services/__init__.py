@@ -8,6 +8,7 @@
 - ``spot``: preemption, eviction notices and the hand-over, guaranteed minimums;
 - ``reclaim``: reclamation of expired projects', idle and over-budget projects' VMs;
 - ``shelve``: shelve (release every claim, keep the root disk) and unshelve;
+- ``leases``: reservations of GPUs over a period (admission, preparing, start, end);
 - ``consoles``: tokens to a VM's interactive serial console, and their redeeming.
 """
 
@@ -35,6 +36,7 @@ from compute.services.images import (
     image_register,
     image_upload,
 )
+from compute.services.leases import lease_cancel, lease_create, leases_tick
 from compute.services.reclaim import budget_reclaim, reclaim_run, reclamation_report
 from compute.services.reconcile import (
     guests_reported,
@@ -87,6 +89,9 @@ __all__ = [
     "image_register",
     "image_upload",
     "inventory_reported",
+    "lease_cancel",
+    "lease_create",
+    "leases_tick",
     "placement_group_create",
     "placement_group_delete",
     "preempt_for",

@@ -302,7 +302,7 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
                 # The victims' trails name the scheduler, never this request's user,
                 # address or VM (the victims may be other projects').
                 with audit.acting_as("scheduler"):
-                    deadlines = [_notify(victim, vm, now) for victim in victims]
+                    deadlines = [notify(victim, vm, now) for victim in victims]
             break
         except Conflict as e:
             log.info("vm %s: preemption on %s abandoned: %s", vm.pk, decision.host_name, e)
@@ -371,8 +371,15 @@ def _lock_victims(decision: Preemption) -> list[VirtualMachine]:
     return victims
 
 
-def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> datetime:
-    """One victim's notice: evicting, with its deadline (a stopped one has no notice)."""
+def notify(
+    victim: VirtualMachine,
+    waiter: VirtualMachine | None,
+    now: datetime,
+    *,
+    why: str = "to make room for an on-demand VM",
+) -> datetime:
+    """One victim's notice: evicting, with its deadline (a stopped one has no notice).
+    ``waiter``: the on-demand VM the room is for (None: a lease's GPUs)."""
     running = victim.state == VmState.RUNNING
     deadline = now + timedelta(seconds=victim.template.eviction_notice_s if running else 0)
     transition(
@@ -383,15 +390,14 @@ def _notify(victim: VirtualMachine, waiter: VirtualMachine, now: datetime) -> da
         eviction_deadline=deadline,
         eviction_acknowledged_at=None,
         evicted_for=waiter,
-        state_reason=f"spot capacity reclaimed for an on-demand VM; stops at {deadline:%H:%M:%S}",
+        state_reason=f"spot capacity reclaimed {why}; stops at {deadline:%H:%M:%S}",
     )
     detail = {"deadline": deadline.isoformat(), "host": victim.host.name}
     audit.record("vm.eviction_notice", victim, project=victim.project, detail=detail)
     events.emit(
         "vm.eviction_notice",
         project=victim.project,
-        message=f"spot vm {victim.name} will be stopped at {deadline.isoformat()} "
-        "to make room for an on-demand VM",
+        message=f"spot vm {victim.name} will be stopped at {deadline.isoformat()} {why}",
         obj=victim,
         payload={"action": "stop", "time": deadline.isoformat(), "vm": str(victim.pk)},
     )

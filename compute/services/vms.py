@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from compute import placement
 from compute.choices import Priority, VmState, VmTask
+from compute.leases import check_vm_lease
 from compute.models import Image, PlacementGroup, Template, VirtualMachine
 from compute.protocol import (
     CONSOLE_LOG_MAX_BYTES,
@@ -55,9 +56,13 @@ def vm_create(
     placement_group: PlacementGroup | None = None,
     wait_for_capacity: bool = True,
     nics: list[dict] | tuple[dict, ...] = (),
+    lease=None,
     actor=None,
 ) -> tuple[VirtualMachine, Operation]:
     """Create a VM and try to place it, in one transaction.
+
+    ``lease``: a reservation of the project (``compute.services.leases``); the VM is placed
+    on its GPUs once it has started, waits pending until then, and is shelved at its end.
 
     ``nics``: one ``{"network": Network, "fixed_ip": "", "security_groups": None}`` per
     NIC, in order; each becomes a port on that network (``network.services.port_create``),
@@ -78,6 +83,7 @@ def vm_create(
         raise InvalidInput.field("placement_group", "no such placement group in this project")
     if priority == Priority.SPOT and not template.spot_allowed:
         raise InvalidInput.field("priority", f"template {template.name} does not allow spot")
+    check_vm_lease(project=project, lease=lease, template=template, priority=priority)
     if image.min_disk_gib > template.disk_gib:
         raise InvalidInput.field(
             "template", f"image {image.name} needs a disk of {image.min_disk_gib} GiB or more"
@@ -109,6 +115,7 @@ def vm_create(
         image=image,
         priority=priority,
         placement_group=placement_group,
+        lease=lease,
         vcpus=template.vcpus,
         memory_mib=template.memory_gib * 1024,
         gpus=template.gpus,
@@ -128,7 +135,7 @@ def vm_create(
         vm.state_reason = e.reason[:500]
         vm.save(update_fields=["state_reason", "updated_at"])
         log.info("vm %s pending: %s", vm.pk, e.reason)
-        if priority == Priority.ON_DEMAND:
+        if priority == Priority.ON_DEMAND and lease is None:
             from compute.services import spot
 
             spot.preempt_for(vm)  # room held by spot VMs: notices now, placed after
@@ -188,7 +195,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
-                if vm.priority == Priority.ON_DEMAND:
+                if vm.priority == Priority.ON_DEMAND and vm.lease_id is None:
                     from compute.services import spot
 
                     spot.preempt_for(vm)

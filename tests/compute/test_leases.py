@@ -1,0 +1,266 @@
+"""Leases hold capacity over time: admission counts them against the fleet with guarantees
+and on-demand VMs, and refuses a double booking with the earliest period that fits (under
+concurrency on PostgreSQL too, where the database itself refuses one GPU in two leases at
+once); before its start a lease takes its GPUs and gives the spot VMs on them their full
+notice; its VMs are placed there, billed at the reserved factor, and shelved at its end."""
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from compute import services
+from compute.choices import LeaseState, Priority, VmState
+from compute.models import Device, Lease, LeaseAllocation
+from compute.services import leases, spot
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.models import AuditEvent, Event
+from tenants.models import UsageRecord
+from tests.compute.test_guarantees import MODEL, _race, roomy_project
+from tests.compute.test_vms import fresh, report
+from tests.factories import make_host, make_template, make_vm
+
+LEAD = timedelta(seconds=settings.LEASE_LEAD_S)
+
+
+def hour(n: float):
+    now = timezone.now().replace(microsecond=0)
+    return now + timedelta(hours=n)
+
+
+def reserve(project, gpus, start, end, **more):
+    return services.lease_create(
+        project=project, name=more.pop("name", f"run-{gpus}-{start:%H%M}"), gpus=gpus,
+        starts_at=start, ends_at=end, gpu_model=MODEL, **more,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_lease_from_admission_to_its_end(sent):
+    make_host("gpu-a")  # 8 GPUs
+    mine, other = roomy_project(), roomy_project()
+    t8, t4 = make_template(gpus=8, eviction_notice_s=60), make_template(gpus=4)
+    start, end = hour(1), hour(3)
+    lease = reserve(mine, 4, start, end)
+    assert lease.state == LeaseState.SCHEDULED
+    assert AuditEvent.objects.filter(action="lease.create", object_id=str(lease.pk)).exists()
+
+    # Another project's on-demand VM cannot take what the lease will need...
+    refused = make_vm(other, template=t8)
+    assert refused.state == VmState.PENDING
+    assert "reserved by leases (4 GPUs)" in refused.state_reason
+    # ...but a spot VM may run there until the lease takes its GPUs.
+    borrower = make_vm(other, template=t8, priority=Priority.SPOT)
+    assert borrower.state == VmState.PROVISIONING
+    report(fresh(borrower), "running")
+    # A VM created in the lease waits for its start.
+    worker = make_vm(mine, template=t4, lease=lease)
+    assert worker.state == VmState.PENDING and "waits for its lease" in worker.state_reason
+
+    # The lead before the start: four GPUs held, the spot VM on them gets its full notice.
+    prepared_at = start - LEAD
+    assert services.leases_tick(now=prepared_at)["prepared"] == 1
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.PREPARING
+    held = Device.objects.filter(lease=lease)
+    assert held.count() == 4
+    assert LeaseAllocation.objects.filter(lease=lease, starts_at=start, ends_at=end).count() == 4
+    borrower = fresh(borrower)
+    assert borrower.state == VmState.EVICTING
+    assert borrower.eviction_deadline == prepared_at + timedelta(seconds=60)
+    assert borrower.eviction_deadline < start  # the notice ends before the lease starts
+    spot.evictions_reap(now=borrower.eviction_deadline)
+    report(fresh(borrower), "shutoff")
+    assert fresh(borrower).state == VmState.EVICTED
+    assert held.filter(vm__isnull=True).count() == 4
+
+    # Nobody else gets the held GPUs meanwhile, on-demand or spot.
+    services.vm_schedule_pending()
+    assert fresh(refused).state == VmState.PENDING and fresh(worker).state == VmState.PENDING
+    probes = [make_vm(other, template=t4, priority=Priority.SPOT) for _ in range(2)]
+    assert [p.state for p in probes] == [VmState.PROVISIONING, VmState.PENDING]
+    assert not Device.objects.filter(vm=probes[0], lease__isnull=False).exists()
+    for probe in probes:
+        services.vm_delete(vm=fresh(probe))
+    report(fresh(probes[0]), "absent")
+
+    # The start: the lease's VM is placed on its GPUs; the lease is billed, reserved.
+    assert services.leases_tick(now=start)["started"] == 1
+    services.vm_schedule_pending()
+    worker = fresh(worker)
+    assert worker.state == VmState.PROVISIONING
+    assert set(Device.objects.filter(vm=worker).values_list("lease", flat=True)) == {lease.pk}
+    bill = UsageRecord.objects.get(subject_type="compute.lease", subject_id=str(lease.pk))
+    assert (bill.resource, bill.quantity, bill.priority) == ("gpu", 4, "reserved")
+    assert bill.started_at == start and bill.ended_at is None
+    mine_open = UsageRecord.objects.filter(subject_id=str(worker.pk), ended_at__isnull=True)
+    assert {(r.resource, r.priority) for r in mine_open} == {
+        ("vcpu", "reserved"),
+        ("memory", "reserved"),
+    }  # its GPUs are the lease's
+    report(worker, "running")
+
+    # The lead before the end: the project is told; at the end its VMs are shelved.
+    assert services.leases_tick(now=end - LEAD)["warned"] == 1
+    ending = Event.objects.get(kind="lease.ending", project=mine)
+    assert worker.name in ending.message
+    assert services.leases_tick(now=end)["ended"] == 1
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.ENDED and lease.ended_at == end
+    worker = fresh(worker)
+    assert worker.state == VmState.SHELVING and worker.lease_id is None
+    assert not Device.objects.filter(lease=lease).exists()
+    bill.refresh_from_db()
+    assert bill.ended_at == end
+    # Once the host has kept its disk, the GPUs are anyone's: the waiting VM gets them.
+    report(worker, "absent")
+    assert fresh(worker).state == VmState.SHELVED
+    services.vm_schedule_pending()
+    assert fresh(refused).state == VmState.PROVISIONING
+
+
+@pytest.mark.django_db
+def test_a_double_booking_is_refused_with_the_earliest_period_that_fits():
+    make_host("gpu-a")
+    project = roomy_project()
+    reserve(project, 8, hour(1), hour(3), name="first")
+    with pytest.raises(Conflict) as refused:
+        reserve(project, 4, hour(2), hour(4), name="second")
+    assert refused.value.code == "no_capacity"
+    assert refused.value.details["earliest_starts_at"] == [hour(3).isoformat()]
+    assert refused.value.details["earliest_ends_at"] == [hour(5).isoformat()]
+    assert not Lease.objects.filter(name="second").exists()
+    # Back to back is no overlap.
+    assert reserve(project, 8, hour(3), hour(5), name="third").state == LeaseState.SCHEDULED
+
+
+@pytest.mark.django_db
+def test_on_demand_use_and_guarantees_count_for_as_long_as_they_last(sent):
+    make_host("gpu-a")
+    holder, guaranteed, project = roomy_project(), roomy_project(), roomy_project()
+    make_vm(holder, template=make_template(gpus=4))  # on demand: it has no end
+    services.guarantee_set(project=guaranteed, min_gpus=2, gpu_model=MODEL)
+    with pytest.raises(Conflict) as refused:
+        reserve(project, 4, hour(24), hour(26))
+    assert "no period fits" in refused.value.message
+    assert reserve(project, 2, hour(24), hour(26)).gpus == 2
+    # Guarantees and leases together never promise more than the fleet.
+    with pytest.raises(Conflict) as over:
+        services.guarantee_set(project=guaranteed, min_gpus=7, gpu_model=MODEL)
+    assert over.value.code == "over_promised" and "1 too many" in over.value.message
+    assert services.guarantee_set(project=guaranteed, min_gpus=6, gpu_model=MODEL).min_gpus == 6
+
+
+@pytest.mark.django_db
+def test_bad_input_names_the_field():
+    make_host("gpu-a")
+    project = roomy_project()
+    cases = {
+        "gpus": dict(gpus=0, start=hour(1), end=hour(2)),
+        "ends_at": dict(gpus=1, start=hour(2), end=hour(1)),
+        "starts_at": dict(gpus=1, start=hour(-2), end=hour(1)),
+    }
+    for field, case in cases.items():
+        with pytest.raises(InvalidInput) as bad:
+            reserve(project, case["gpus"], case["start"], case["end"])
+        assert field in bad.value.details
+    with pytest.raises(InvalidInput) as bad:
+        services.lease_create(
+            project=project, name="x", gpus=1, starts_at=hour(1), ends_at=hour(2), gpu_model="H9"
+        )
+    assert "gpu_model" in bad.value.details
+
+
+@pytest.mark.django_db
+def test_a_vm_in_a_lease_must_fit_it(sent):
+    make_host("gpu-a")
+    project, other = roomy_project(), roomy_project()
+    lease = reserve(project, 2, hour(1), hour(2))
+    for template, priority, why in [
+        (make_template(gpus=4), Priority.ON_DEMAND, "holds only 2"),
+        (make_template(), Priority.ON_DEMAND, "GPU template"),
+        (make_template(gpus=2, spot_allowed=True), Priority.SPOT, "not spot"),
+    ]:
+        with pytest.raises(InvalidInput) as bad:
+            make_vm(project, template=template, priority=priority, lease=lease)
+        assert why in bad.value.details["lease"][0]
+    with pytest.raises(InvalidInput):
+        make_vm(other, template=make_template(gpus=2), lease=lease)  # another project's
+
+
+@pytest.mark.django_db
+def test_cancelling_before_the_start_bills_nothing_and_frees_the_count(sent):
+    make_host("gpu-a")
+    project, other = roomy_project(), roomy_project()
+    lease = reserve(project, 8, hour(1), hour(2))
+    waiting = make_vm(project, template=make_template(gpus=8), lease=lease)
+    services.lease_cancel(lease=lease)
+    lease.refresh_from_db()
+    assert lease.state == LeaseState.CANCELLED
+    assert not UsageRecord.objects.filter(subject_type="compute.lease").exists()
+    waiting = fresh(waiting)
+    assert waiting.lease_id is None and "cancelled" in waiting.state_reason
+    # Nothing is reserved any more: on-demand may take the GPUs.
+    assert make_vm(other, template=make_template(gpus=8)).state in (
+        VmState.PROVISIONING,
+        VmState.PENDING,  # the released VM may have been placed first
+    )
+    services.vm_schedule_pending()
+    assert Device.objects.filter(vm__isnull=False).count() == 8
+
+
+# --- PostgreSQL: the database refuses a double booking, and admissions race safely -----------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_database_refuses_one_gpu_in_two_overlapping_leases():
+    host = make_host("gpu-a")
+    project = roomy_project()
+    device = Device.objects.filter(host=host).first()
+    a = Lease.objects.create(
+        project=project, name="a", gpu_model=MODEL, gpus=1, starts_at=hour(1), ends_at=hour(3)
+    )
+    b = Lease.objects.create(
+        project=project, name="b", gpu_model=MODEL, gpus=1, starts_at=hour(2), ends_at=hour(4)
+    )
+    LeaseAllocation.objects.create(lease=a, device=device, starts_at=hour(1), ends_at=hour(3))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        LeaseAllocation.objects.create(lease=b, device=device, starts_at=hour(2), ends_at=hour(4))
+    # Back to back on the same GPU is fine.
+    LeaseAllocation.objects.create(lease=b, device=device, starts_at=hour(3), ends_at=hour(4))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_leases_never_double_book():
+    make_host("gpu-a")
+    make_host("gpu-b")  # 16 GPUs: at most five leases of 3 at once
+    projects = [roomy_project() for _ in range(8)]
+    start, end = hour(1), hour(2)
+
+    def book(index):
+        reserve(projects[index], 3, start, end, name=f"l{index}")
+        return "ok"
+
+    results, errors = _race(8, book)
+    assert errors == []
+    assert results.count("ok") == 5 and results.count("no_capacity") == 3
+    assert sum(Lease.objects.values_list("gpus", flat=True)) == 15
+    # And when they take hold of GPUs, no GPU is held twice.
+    services.leases_tick(now=start - LEAD)
+    held = list(LeaseAllocation.objects.values_list("device_id", flat=True))
+    assert len(held) == 15 == len(set(held))
+
+
+@pytest.mark.django_db
+def test_the_tick_is_idempotent(sent):
+    make_host("gpu-a")
+    project = roomy_project()
+    lease = reserve(project, 2, hour(1), hour(2))
+    at = hour(1) - LEAD
+    assert leases.leases_tick(now=at)["prepared"] == 1
+    assert leases.leases_tick(now=at) == {"prepared": 0, "started": 0, "warned": 0, "ended": 0}
+    assert LeaseAllocation.objects.filter(lease=lease).count() == 2
