@@ -2,9 +2,11 @@
 
 from functools import cache
 
+from django.utils import timezone
+
 from controlplane.rowjoin import JoinedLookup
 from tenants import quotas
-from tenants.models import ApiToken, Membership, Project
+from tenants.models import ApiToken, Invitation, Membership, Project
 
 
 def token_project_id(token) -> int | None:
@@ -55,3 +57,14 @@ def quota_report(project: Project) -> dict:
         }
         for name in limits
     }
+
+
+def pending_invitations(project: Project):
+    """The project's invitations that can still be accepted (neither used, revoked nor
+    expired), newest first, with their inviter."""
+    return (
+        Invitation.objects.for_project(project)
+        .filter(status=Invitation.Status.PENDING, expires_at__gt=timezone.now())
+        .select_related("invited_by")
+        .order_by("-created_at", "-pk")
+    )
