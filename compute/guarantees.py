@@ -207,8 +207,7 @@ def admission_refusal(vm: VirtualMachine) -> str:
                     held = held[:1] if headroom else []
                     held.append(f"reserved by leases ({leased} GPUs)")
                 return (
-                    f"the free {vm.gpu_model} GPUs are {' and '.join(held)}; "
-                    "waiting for capacity"
+                    f"the free {vm.gpu_model} GPUs are {' and '.join(held)}; waiting for capacity"
                 )
     guarantees = list(
         CapacityGuarantee.objects.filter(min_vcpus__gt=0).values_list("project_id", "min_vcpus")

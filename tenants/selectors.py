@@ -3,10 +3,11 @@
 from functools import cache
 
 from django.db.models import Q
+from django.utils import timezone
 
 from controlplane.rowjoin import JoinedLookup
 from tenants import quotas
-from tenants.models import ApiToken, Membership, Project, User
+from tenants.models import ApiToken, Invitation, Membership, Project, User
 
 
 def token_project_id(token) -> int | None:
@@ -72,3 +73,14 @@ def users_search(q: str = ""):
             | Q(organisation__icontains=q)
         )
     return qs
+
+
+def pending_invitations(project: Project):
+    """The project's invitations that can still be accepted (neither used, revoked nor
+    expired), newest first, with their inviter."""
+    return (
+        Invitation.objects.for_project(project)
+        .filter(status=Invitation.Status.PENDING, expires_at__gt=timezone.now())
+        .select_related("invited_by")
+        .order_by("-created_at", "-pk")
+    )

@@ -189,37 +189,23 @@ def _may_grant(actor: User | None, project: Project, role: str) -> None:
         raise PermissionDenied("only an owner can grant or change the owner role")
 
 
-def _find_user(reference: str) -> User:
-    """A user by username, or else by email (which must then be unambiguous)."""
-    reference = (reference or "").strip()
-    user = User.objects.filter(username=reference, is_active=True).first()
-    if user is not None:
-        return user
-    matches = list(User.objects.filter(email__iexact=reference, is_active=True)[:2])
-    if len(matches) == 1:
-        return matches[0]
-    if len(matches) > 1:
-        raise InvalidInput.field(
-            "user", f"several users have the email {reference}; use a username"
-        )
-    raise InvalidInput.field("user", f"no user with username or email {reference!r}")
-
-
 @transaction.atomic
 def membership_add(
-    *, project: Project, user: str | User, role: str = Role.MEMBER, actor: User | None = None
+    *, project: Project, user: User, role: str = Role.MEMBER, actor: User | None = None
 ) -> Membership:
-    """Add a user (given as a User, a username or an email address) to a project."""
+    """Make ``user`` a member of ``project`` (operators in the admin console, and
+    ``manage.py bootstrap``). Nothing a project admin reaches calls this: people join by
+    accepting an invitation (``tenants.invitations``), so no admin learns who has an account
+    by naming them."""
     if role not in Role.values:
         raise InvalidInput.field("role", f"must be one of {', '.join(Role.values)}")
-    member = user if isinstance(user, User) else _find_user(user)
     _may_grant(actor, project, role)
     try:
         with transaction.atomic():
-            membership = Membership.objects.create(project=project, user=member, role=role)
+            membership = Membership.objects.create(project=project, user=user, role=role)
     except IntegrityError:
         raise Conflict(
-            f"{member.username} is already a member of {project.slug}",
+            f"{user.username} is already a member of {project.slug}",
             code="already_member",
             details={"user": ["already a member"]},
         ) from None
@@ -227,7 +213,7 @@ def membership_add(
         "membership.add",
         membership,
         project=project,
-        detail={"user": member.username, "role": role},
+        detail={"user": user.username, "role": role},
     )
     return membership
 

@@ -57,7 +57,6 @@ REAL: dict[str, list[str]] = {}
 # Body fields that must name an existing object, by operation: the schema can only say "string".
 REFERENCES = {
     "POST /api/v1/admin/projects/": ["owner"],
-    "POST /api/v1/projects/{project_slug}/members/": ["user"],
     "POST /api/v1/user/tokens/": ["project"],
     "POST /api/v1/user/ssh-keys/": ["public_key"],
     "POST /api/v1/auth/login/": ["username", "password"],
@@ -80,7 +79,6 @@ NOT_IN_SCHEMA = {
     "POST /api/v1/projects/": {"valid_until"},
     "PUT /api/v1/projects/{project_slug}/": {"valid_until"},
     "PATCH /api/v1/projects/{project_slug}/": {"valid_until"},
-    "POST /api/v1/projects/{project_slug}/members/": {"user"},  # an existing username or email
     "POST /api/v1/user/tokens/": {"project", "expires_at"},  # a project of yours; the future
     "POST /api/v1/user/ssh-keys/": {"public_key"},  # a well-formed OpenSSH public key
     # Identity: the password validators; a new project's free slug, a renewal's project and
@@ -251,7 +249,6 @@ def world(db):
         },
         # body fields
         owner=[outsider.username, staff.username],
-        user=[outsider.username, outsider.email, member.username],
         project=[project.slug],
         public_key=[_ssh_public_key()],
         password=[PASSWORD],

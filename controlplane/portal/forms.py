@@ -116,8 +116,10 @@ class BucketForm(forms.Form):
     quota_gib = forms.IntegerField(min_value=1, label="Quota (GiB)")
 
 
-class MemberForm(forms.Form):
-    user = forms.CharField(max_length=254, label="Username or email")
+class InviteForm(forms.Form):
+    """Whom to invite: an address, never a username (nothing is looked up by it)."""
+
+    email = forms.EmailField(max_length=254, label="E-mail address")
     role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
 
 

@@ -63,6 +63,7 @@ project_urls = [
     path("members/", people.members, name="members"),
     path("members/<str:username>/role/", people.member_role, name="member-role"),
     path("members/<str:username>/remove/", people.member_remove, name="member-remove"),
+    path("invitations/<int:pk>/revoke/", people.invitation_revoke, name="invitation-revoke"),
     path("billing/", billing.billing, name="billing"),
     path("billing/invoices/<int:pk>.csv", billing.invoice_csv, name="invoice-csv"),
     path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),

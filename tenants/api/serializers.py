@@ -121,11 +121,6 @@ class MembershipSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "user", "created_at"]
 
 
-class MembershipCreateSerializer(serializers.Serializer):
-    user = fields.CharField(max_length=254, help_text="username or email address")
-    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
-
-
 class MembershipUpdateSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
 

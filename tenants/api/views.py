@@ -166,14 +166,14 @@ class ProjectViewSet(
 class MemberViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
     mixins.UpdateModelMixin,
     mixins.DestroyModelMixin,
     ProjectScopedViewSet,
 ):
-    """Members of a project and their roles. Admins add members by username or email,
-    change roles and remove members; only owners grant the owner role. A project always
-    keeps one owner."""
+    """Members of a project and their roles. Admins change roles and remove members; only
+    owners grant the owner role; a project always keeps one owner. There is no POST: people
+    come in only by accepting an invitation (``projects/{slug}/invitations/``), which answers
+    the same for every address, so no admin learns who has an account on the cloud."""
 
     model = Membership
     filterset_class = MembershipFilterSet
@@ -181,27 +181,16 @@ class MemberViewSet(
     lookup_field = "user__username"
     lookup_url_kwarg = "username"
     write_role = Role.ADMIN
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    http_method_names = ["get", "patch", "delete", "head", "options"]
     audit_object_type = "tenants.membership"
 
     def get_queryset(self):
         return super().get_queryset().select_related("user")
 
     def get_serializer_class(self):
-        if self.action == "create":
-            return s.MembershipCreateSerializer
         if self.action == "partial_update":
             return s.MembershipUpdateSerializer
         return s.MembershipSerializer
-
-    @extend_schema(request=s.MembershipCreateSerializer, responses={201: s.MembershipSerializer})
-    def create(self, request, *args, **kwargs):
-        data = s.MembershipCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        membership = services.membership_add(
-            project=self.project, actor=request.user, **data.validated_data
-        )
-        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=s.MembershipUpdateSerializer, responses=s.MembershipSerializer)
     def partial_update(self, request, *args, **kwargs):

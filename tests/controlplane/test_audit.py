@@ -8,8 +8,9 @@ from django.test import RequestFactory
 from controlplane import audit
 from controlplane.choices import AuditOutcome, AuditSource
 from controlplane.models import AuditEvent
+from tenants import invitations
 from tenants.choices import Role
-from tenants.models import ApiToken, Membership, SSHKey
+from tenants.models import ApiToken, Invitation, Membership, SSHKey
 from tests.factories import UserFactory, add_member, make_project
 
 pytestmark = pytest.mark.django_db
@@ -58,14 +59,27 @@ def test_project_writes_are_audited(client_for, staff):
     _assert_api_success(_latest("project.delete"), staff, None, "audited")
 
 
-def test_membership_writes_are_audited(client_for, project):
+def test_invitation_and_membership_writes_are_audited(client_for, project):
     client = client_for(project.owner)
-    newcomer = UserFactory()
-    url = f"{PROJECTS}{project.slug}/members/"
-    assert client.post(url, {"user": newcomer.username}).status_code == 201
-    event = _latest("membership.add")
+    invitations_url = f"{PROJECTS}{project.slug}/invitations/"
+    made = client.post(invitations_url, {"email": "gone@uni.example.ac.jp", "role": "reader"})
+    assert made.status_code == 201
+    event = _latest("invitation.create")
     _assert_api_success(event, project.owner, project)
-    assert event.detail == {"user": newcomer.username, "role": "member"}
+    assert event.detail == {"role": "reader"}
+    assert client.delete(f"{invitations_url}{made.json()['id']}/").status_code == 204
+    _assert_api_success(_latest("invitation.revoke"), project.owner, project)
+
+    newcomer = UserFactory()
+    _invitation, secret = invitations.invitation_create(
+        project=project, email=newcomer.email, actor=project.owner
+    )
+    accepted = client_for(newcomer).post("/api/v1/invitations/accept/", {"token": secret})
+    assert accepted.status_code == 200
+    event = _latest("invitation.accept")
+    _assert_api_success(event, newcomer, project)
+    assert event.detail == {"role": "member"}
+    url = f"{PROJECTS}{project.slug}/members/"
     assert client.patch(f"{url}{newcomer.username}/", {"role": "admin"}).status_code == 200
     _assert_api_success(_latest("membership.update"), project.owner, project)
     assert client.delete(f"{url}{newcomer.username}/").status_code == 204
@@ -114,14 +128,14 @@ def test_request_id_and_forwarded_address_are_recorded(client_for, project, sett
     settings.TRUSTED_PROXY_COUNT = 1
     client = client_for(project.owner)
     response = client.post(
-        f"{PROJECTS}{project.slug}/members/",
-        {"user": UserFactory().username},
+        f"{PROJECTS}{project.slug}/invitations/",
+        {"email": "someone@uni.example.ac.jp"},
         HTTP_X_REQUEST_ID="req-abc",
         HTTP_X_FORWARDED_FOR="198.51.100.9, 203.0.113.5",
     )
     assert response.status_code == 201
     assert response["X-Request-ID"] == "req-abc"
-    event = _latest("membership.add")
+    event = _latest("invitation.create")
     assert (event.request_id, event.ip_address) == ("req-abc", "203.0.113.5")
 
 
@@ -132,17 +146,17 @@ def test_a_readers_refused_write_is_audited_as_denied(client_for, users_by_role,
     reader = users_by_role[Role.READER]
     newcomer = UserFactory()
     response = client_for(reader).post(
-        f"{PROJECTS}{project.slug}/members/", {"user": newcomer.username}
+        f"{PROJECTS}{project.slug}/invitations/", {"email": newcomer.email}
     )
     assert response.status_code == 403
     event = AuditEvent.objects.filter(outcome=AuditOutcome.DENIED).get()
-    assert event.action == "membership.create"
+    assert event.action == "invitation.create"
     assert event.actor == reader
     assert event.actor_name == reader.username
     assert event.project == project
     assert (event.source, event.ip_address) == (AuditSource.API, "127.0.0.1")
     assert event.detail["status"] == 403
-    assert not Membership.objects.filter(user=newcomer).exists()
+    assert not Invitation.objects.exists()
 
 
 def test_a_conflict_is_audited_as_failed(client_for, project):
@@ -165,7 +179,7 @@ def test_a_conflict_is_audited_as_failed(client_for, project):
 def test_an_anonymous_write_is_not_audited(client_for, project):
     anonymous = client_for(None)
     before = AuditEvent.objects.count()
-    response = anonymous.post(f"{PROJECTS}{project.slug}/members/", {"user": "x"})
+    response = anonymous.post(f"{PROJECTS}{project.slug}/invitations/", {"email": "x@y.example"})
     assert response.status_code == 401
     assert AuditEvent.objects.count() == before
 

@@ -57,7 +57,7 @@ def test_401_with_a_bad_token():
 
 def test_403_names_the_role_needed(client_for, users_by_role, project):
     response = client_for(users_by_role[Role.READER]).post(
-        f"/api/v1/projects/{project.slug}/members/", {"user": "x"}
+        f"/api/v1/projects/{project.slug}/invitations/", {"email": "x@uni.example.ac.jp"}
     )
     body = _assert_error(response, 403, "permission_denied")
     assert body["message"] == (

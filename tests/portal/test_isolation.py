@@ -13,11 +13,12 @@ import tests.compute.test_api_isolation as compute_contracts
 import tests.network.test_api_isolation as network_contracts
 import tests.storage.test_api_isolation as storage_contracts
 import tests.tenants.test_billing_api as billing_contracts
+import tests.tenants.test_invitations as invitation_contracts
 from controlplane.portal.urls import project_urls
 from storage import services as storage_services
 from storage.drivers.fake import FakeObjectStore
 from tenants import services as tenants
-from tenants.models import Membership, User
+from tenants.models import Invitation, Membership, User
 from tests.factories import UserFactory, add_member, make_vm
 
 
@@ -62,6 +63,7 @@ CASES = {
     "bucket-delete": ("post", _contract(storage_contracts.TestBucketIsolation), {}),
     "member-role": ("post", _member, {}),
     "member-remove": ("post", _member, {}),
+    "invitation-revoke": ("post", _contract(invitation_contracts.TestInvitationsIsolation), {}),
     "invoice-csv": ("get", _contract(billing_contracts.TestInvoiceIsolation), {}),
     "budget-delete": ("post", _contract(billing_contracts.TestBudgetIsolation), {}),
 }
@@ -98,6 +100,8 @@ def _key(obj) -> dict:
 def _still_there(obj, project) -> bool:
     if isinstance(obj, User):
         return Membership.objects.filter(project=project, user=obj).exists()
+    if isinstance(obj, Invitation):  # revoking keeps the row: still pending
+        return Invitation.objects.filter(pk=obj.pk, status=Invitation.Status.PENDING).exists()
     return type(obj).objects.filter(pk=obj.pk).exists()
 
 

@@ -3,7 +3,7 @@
 (never a 500), and what the pages do is what the services did."""
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -20,11 +20,18 @@ from controlplane.models import AuditEvent
 from controlplane.portal import reports
 from network.models import GlobalIp, Network, PortForward, SecurityGroup, SecurityGroupRule
 from storage.models import Volume
-from tenants import billing
+from tenants import billing, invitations
 from tenants import services as tenants
 from tenants.choices import Role
-from tenants.models import ApiToken, Budget, Membership
-from tests.factories import UserFactory, make_network, make_pool, make_project, make_vm
+from tenants.models import ApiToken, Budget, Invitation, Membership
+from tests.factories import (
+    UserFactory,
+    add_member,
+    make_network,
+    make_pool,
+    make_project,
+    make_vm,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -124,10 +131,9 @@ def test_a_reader_is_offered_no_write_forms(login, project, cloud):
 
 def test_members_are_managed_by_admins_only(login, project, cloud):
     member = cloud["users"][Role.MEMBER]
-    newcomer = UserFactory()
-    response = login(member).post(url("members", project), {"user": newcomer.username})
+    response = login(member).post(url("members", project), {"email": "new@uni.example.ac.jp"})
     assert response.status_code == 403
-    assert not Membership.objects.filter(user=newcomer).exists()
+    assert not Invitation.objects.exists()
 
 
 def test_csrf_is_enforced(login, project, cloud):
@@ -393,17 +399,13 @@ def test_port_forwards_need_a_pool_and_say_so(login, project, cloud):
 # --- people ------------------------------------------------------------------------------------
 
 
-def test_admins_add_change_and_remove_members(login, project, cloud):
+def test_admins_change_and_remove_members(login, project, cloud):
     admin = login(cloud["users"][Role.ADMIN])
-    newcomer = UserFactory()
-    assert admin.post(url("members", project), {"user": newcomer.email, "role": "member"})
+    newcomer = add_member(project)  # as accepting an invitation makes them
     membership = Membership.objects.for_project(project).get(user=newcomer)
     admin.post(url("member-role", project, username=newcomer.username), {"role": "reader"})
     membership.refresh_from_db()
     assert membership.role == Role.READER
-    response = admin.post(url("members", project), {"user": "nobody-at-all", "role": "member"})
-    assert response.status_code == 400
-    assert "no user with username or email" in errors_of(response, "user")
     response = admin.post(
         url("member-role", project, username=project.owner.username),
         {"role": "member"},
@@ -412,6 +414,76 @@ def test_admins_add_change_and_remove_members(login, project, cloud):
     assert "only an owner can grant or change the owner role" in response.content.decode()
     admin.post(url("member-remove", project, username=newcomer.username))
     assert not Membership.objects.filter(pk=membership.pk).exists()
+
+
+CSRF = re.compile(r'("X-CSRFToken": "|name="csrfmiddlewaretoken" value=")[^"]*')
+EXPIRES = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_inviting_answers_the_same_whether_or_not_the_address_has_an_account(login, project, cloud):
+    known = UserFactory(email="known@uni.example.ac.jp")
+    admin = login(cloud["users"][Role.ADMIN])
+    answers, pages = {}, {}
+    for email in (known.email, "nobody@uni.example.ac.jp"):
+        answer = admin.post(url("members", project), {"email": email, "role": "reader"})
+        invitation = Invitation.objects.for_project(project).get(email=email)
+        # the page lists it with its expiry, which follows the second it was made
+        Invitation.objects.filter(pk=invitation.pk).update(expires_at=EXPIRES)
+        html = CSRF.sub(r"\1", admin.get(answer["Location"]).content.decode())
+        answers[email] = (answer.status_code, answer["Location"], answer.content)
+        pages[email] = html.replace(email, "X").replace(f"/{invitation.pk}/", "/N/")
+        invitations.invitation_revoke(invitation=invitation)  # each page lists its own only
+    assert answers[known.email] == answers["nobody@uni.example.ac.jp"]
+    assert answers[known.email][:2] == (302, url("members", project))
+    assert pages[known.email] == pages["nobody@uni.example.ac.jp"]
+    assert "Invitation sent to X." in pages[known.email]
+    assert f"{timezone.localtime(EXPIRES):%Y-%m-%d %H:%M}" in pages[known.email]
+    assert not Membership.objects.filter(project=project, user=known).exists()
+
+
+def test_a_bad_address_or_a_non_admin_invites_nobody(login, project, cloud):
+    admin = login(cloud["users"][Role.ADMIN])
+    response = admin.post(url("members", project), {"email": "bob", "role": "member"})
+    assert response.status_code == 400
+    assert errors_of(response, "email")
+    response = admin.post(
+        url("members", project), {"email": "b@uni.example.ac.jp", "role": "owner"}
+    )
+    assert response.status_code == 403  # only owners invite owners
+    assert "only an owner" in response.content.decode()
+    member = login(cloud["users"][Role.MEMBER])
+    response = member.post(url("members", project), {"email": "b@uni.example.ac.jp"})
+    assert response.status_code == 403
+    assert not Invitation.objects.exists()
+
+
+def test_admins_see_and_revoke_pending_invitations(login, project, cloud):
+    invitation, _secret = invitations.invitation_create(
+        project=project, email="ken@uni.example.ac.jp", role=Role.READER, actor=project.owner
+    )
+    revoke = url("invitation-revoke", project, pk=invitation.pk)
+    reader = login(cloud["users"][Role.READER])
+    page = reader.get(url("members", project)).content.decode()
+    assert "ken@uni.example.ac.jp" not in page and revoke not in page  # admins only
+    assert reader.post(revoke).status_code == 403
+    admin = login(cloud["users"][Role.ADMIN])
+    page = admin.get(url("members", project)).content.decode()
+    row = re.search(r'<table id="invitations">.*?</table>', page, re.S).group(0)
+    assert "ken@uni.example.ac.jp" in row and project.owner.username in row
+    assert f"{timezone.localtime(invitation.expires_at):%Y-%m-%d %H:%M}" in row
+    assert revoke in row
+    done = admin.post(revoke, follow=True).content.decode()
+    assert "Invitation to ken@uni.example.ac.jp revoked." in done
+    assert "No pending invitations." in done
+    invitation.refresh_from_db()
+    assert invitation.status == Invitation.Status.REVOKED
+    again = admin.post(revoke, follow=True).content.decode()
+    assert "the invitation is revoked" in again
+    # another project's invitation is not there, exactly like a missing one, and stays
+    theirs, _ = invitations.invitation_create(project=make_project(), email="x@uni.example.ac.jp")
+    assert admin.post(url("invitation-revoke", project, pk=theirs.pk)).status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.status == Invitation.Status.PENDING
 
 
 def test_a_bad_ssh_key_is_explained(login, cloud):

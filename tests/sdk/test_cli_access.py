@@ -1,10 +1,30 @@
-"""`kumo invitation`, `kumo application` and `kumo user` against a real server."""
+"""`kumo member invite`, `kumo invitation`, `kumo application` and `kumo user` against a real
+server."""
 
 import json
+import re
 
-from tenants.models import Project
+from tenants.models import Membership, Project
 from tests.factories import UserFactory
 from tests.sdk.conftest import PASSWORD, can_log_in
+
+
+def test_member_invite_answers_the_same_for_every_address(logged_in, project):
+    known = UserFactory(email="known@uni.example.ac.jp")
+    said = {}
+    for email in (known.email, "nobody@uni.example.ac.jp"):
+        done = logged_in("member", "invite", email, "--role", "reader")
+        said[email] = re.sub(r"Invitation \d+ ", "Invitation N ", done.stderr).replace(email, "X")
+    assert said[known.email] == said["nobody@uni.example.ac.jp"]
+    assert "Invitation N sent to X as reader." in said[known.email]
+    assert not Membership.objects.filter(project=project, user=known).exists()
+    listed = json.loads(logged_in("invitation", "list", "--json").stdout)
+    assert sorted((i["email"], i["status"]) for i in listed) == [
+        (known.email, "pending"),
+        ("nobody@uni.example.ac.jp", "pending"),
+    ]
+    gone = logged_in("member", "add", known.username, ok=False)  # no adding by name
+    assert gone.exit_code == 2 and "No such command 'add'" in gone.output
 
 
 def test_invite_and_apply(logged_in, project):

@@ -11,7 +11,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from kumo_sdk import Client, Conflict, InvalidInput, NotFound, PermissionDenied
 from kumo_sdk.errors import NotSupported
 
-from tests.factories import UserFactory, make_host, token_for
+from tenants import invitations
+from tenants.choices import Role
+from tests.factories import UserFactory, add_member, make_host, token_for
 from tests.tenants.test_sshkeys import _openssh_public
 
 pytestmark = pytest.mark.e2e
@@ -42,10 +44,20 @@ def test_ssh_key_add_list_delete_from_the_cli(logged_in, tmp_path):
     assert json.loads(logged_in("ssh-key", "list", "--json").stdout) == []
 
 
-def test_members_quota_placement_groups(kumo, project, owner):
+def test_members_come_by_invitation_quota_placement_groups(server, kumo, project, owner):
     other = UserFactory()
-    made = kumo.members.create(other.email, role="reader")
-    assert made.user.username == other.username and made.role == "reader"
+    with pytest.raises(NotSupported):  # no adding by name: people are invited
+        kumo.members.create(other.email, role="reader")
+    invited = kumo.invitations.create(other.email, role="reader")
+    assert (invited.email, invited.role, invited.status) == (other.email, "reader", "pending")
+    kumo.invitations.revoke(invited.id)
+    assert kumo.invitations.get(invited.id).status == "revoked"
+    # the secret travels only in the mail: made here as the mail would carry it
+    _invitation, secret = invitations.invitation_create(
+        project=project, email=other.email, role="reader", actor=owner
+    )
+    with Client(server.url, token_for(other), backoff=0) as invitee:
+        assert invitee.invitations.accept(secret) == {"project": project.slug, "role": "reader"}
     assert kumo.members.get(other.username).role == "reader"
     assert kumo.members.update(other.username, role="member").role == "member"
     assert {m.user.username for m in kumo.members.list()} == {owner.username, other.username}
@@ -147,8 +159,7 @@ def test_a_token_scoped_to_a_project(kumo, project):
 
 
 def test_cli_members_quota_groups_budgets_webhooks_points_connections(logged_in, project):
-    other = UserFactory()
-    assert "reader" in logged_in("member", "add", other.username, "--role", "reader").stderr
+    other = add_member(project, role=Role.READER)  # as accepting an invitation makes them
     logged_in("member", "set-role", other.username, "member")
     members = json.loads(logged_in("member", "list", "--json").stdout)
     assert {m["user"]["username"]: m["role"] for m in members}[other.username] == "member"

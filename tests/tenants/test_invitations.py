@@ -51,6 +51,14 @@ def test_bad_input_names_the_field(client_for, project):
     assert response.status_code == 400 and "email" in response.json()["details"]
 
 
+def test_only_owners_invite_owners(client_for, users_by_role, project):
+    payload = {"email": "boss@uni.example.ac.jp", "role": "owner"}
+    refused = client_for(users_by_role[Role.ADMIN]).post(url(project), payload, format="json")
+    assert refused.status_code == 403
+    assert not Invitation.objects.exists()
+    assert client_for(project.owner).post(url(project), payload, format="json").status_code == 201
+
+
 def test_the_invitee_accepts_after_logging_in(client_for, project):
     invitee = UserFactory(email="Ken@Uni.example.ac.jp")
     _inv, secret = invitations.invitation_create(

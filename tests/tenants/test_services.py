@@ -138,30 +138,6 @@ def test_project_delete_with_resources_is_conflict(project, counters):
 # --- memberships --------------------------------------------------------------------------------
 
 
-def test_membership_add_by_username_and_by_email(project):
-    by_name, by_email = UserFactory(), UserFactory(email="Ken@Example.ac.jp")
-    services.membership_add(project=project, user=by_name.username, role=Role.READER)
-    services.membership_add(project=project, user="ken@example.ac.jp")
-    assert services.role_of(by_name, project) == Role.READER
-    assert services.role_of(by_email, project) == Role.MEMBER
-
-
-def test_membership_add_unknown_or_ambiguous_user_names_user(project):
-    with pytest.raises(InvalidInput) as e:
-        services.membership_add(project=project, user="nobody@example.ac.jp")
-    assert "user" in e.value.details
-    UserFactory(email="shared@example.ac.jp")
-    UserFactory(email="shared@example.ac.jp")
-    with pytest.raises(InvalidInput, match="several users"):
-        services.membership_add(project=project, user="shared@example.ac.jp")
-
-
-def test_membership_add_inactive_user_is_unknown(project):
-    UserFactory(username="gone", is_active=False)
-    with pytest.raises(InvalidInput):
-        services.membership_add(project=project, user="gone")
-
-
 def test_membership_add_twice_is_conflict(project):
     user = add_member(project)
     with pytest.raises(Conflict) as e:

@@ -1,5 +1,6 @@
-"""People: a project's members and roles (admins change them), and the caller's own SSH
-keys and API tokens (a new token's secret is shown once, on the answer that made it)."""
+"""People: a project's members and roles (admins change them, invite people by e-mail and
+revoke pending invitations), and the caller's own SSH keys and API tokens (a new token's
+secret is shown once, on the answer that made it)."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -8,27 +9,30 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import KumoError
-from controlplane.portal.access import form_error, project_page
-from controlplane.portal.forms import MemberForm, RoleForm, SSHKeyForm, TokenForm
+from controlplane.portal.access import form_error, may_write, project_page
+from controlplane.portal.forms import InviteForm, RoleForm, SSHKeyForm, TokenForm
 from controlplane.portal.views.common import act, page, submit
-from tenants import selectors, services
+from tenants import invitations, selectors, services
 from tenants.choices import Role
-from tenants.models import ApiToken, Membership, SSHKey
+from tenants.models import ApiToken, Invitation, Membership, SSHKey
 
 # --- members ----------------------------------------------------------------------------------
 
 
 @project_page(write_role=Role.ADMIN)
 def members(request, project):
-    form = MemberForm(request.POST or None)
+    """The members and, for admins, the invite form and the pending invitations. People
+    come in only by invitation: the answer to one is the same whether or not the address
+    has an account (``tenants.invitations``), so no admin learns who exists."""
+    form = InviteForm(request.POST or None)
     status = 200
     if request.method == "POST":
         ok, status = submit(
             form,
-            lambda v: services.membership_add(project=project, actor=request.user, **v),
+            lambda v: invitations.invitation_create(project=project, actor=request.user, **v),
         )
         if ok:
-            messages.success(request, f"{form.cleaned_data['user']} added.")
+            messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
             return redirect("portal:members", slug=project.slug)
     return page(
         request,
@@ -37,11 +41,27 @@ def members(request, project):
             "members": Membership.objects.for_project(project)
             .select_related("user")
             .order_by("user__username"),
+            "invitations": selectors.pending_invitations(project)
+            if may_write(request, Role.ADMIN)
+            else [],
             "form": form,
             "roles": Role.choices,
         },
         project=project,
         status=status,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def invitation_revoke(request, project, pk):
+    invitation = get_object_or_404(Invitation.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        invitations.invitation_revoke,
+        done=f"Invitation to {invitation.email} revoked.",
+        back=reverse("portal:members", kwargs={"slug": project.slug}),
+        invitation=invitation,
     )
 
 

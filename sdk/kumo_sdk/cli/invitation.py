@@ -1,4 +1,5 @@
-"""`kumo invitation`: invite people to the project by e-mail; accept an invitation."""
+"""`kumo invitation`: invite people to the project by e-mail (the one way in; `kumo member
+invite` does the same), list and revoke invitations; accept one."""
 
 from typing import Annotated
 
@@ -8,6 +9,7 @@ from kumo_sdk.cli import output
 from kumo_sdk.cli.common import Json, command, connect, current_project, group, show
 
 app = group("Invitations to the project (admins), and accepting one.")
+RoleOption = Annotated[str, typer.Option(help="reader, member, admin or owner")]
 
 
 @command(app, "list")
@@ -23,20 +25,23 @@ def invitation_list(ctx: typer.Context, json: Json = False) -> None:
     )
 
 
-@command(app, "create")
-def invitation_create(
-    ctx: typer.Context,
-    email: str,
-    role: Annotated[str, typer.Option(help="reader, member, admin or owner")] = "member",
-    json: Json = False,
-) -> None:
-    """Invite EMAIL; they accept after logging in (the same answer for every address)."""
+def invite(ctx: typer.Context, email: str, role: str, json: bool) -> None:
+    """Invite ``email`` to the current project and say so (``kumo invitation create`` and
+    ``kumo member invite``): the same answer whether or not the address has an account."""
     with connect(ctx) as kumo:
         item = kumo.invitations.create(email, role=role, project=current_project(kumo))
     if json:
         return output.emit_json(item.raw)
     output.note(f"Invitation {item.id} sent to {item.email} as {item.role}.")
     return None
+
+
+@command(app, "create")
+def invitation_create(
+    ctx: typer.Context, email: str, role: RoleOption = "member", json: Json = False
+) -> None:
+    """Invite EMAIL; they accept after logging in (the same answer for every address)."""
+    invite(ctx, email, role, json)
 
 
 @command(app, "revoke")

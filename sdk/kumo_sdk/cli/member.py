@@ -1,4 +1,5 @@
-"""`kumo member`: the project's members and their roles."""
+"""`kumo member`: the project's members and their roles. People join by invitation only
+(`kumo member invite EMAIL`): naming a username would tell an admin who has an account."""
 
 from typing import Annotated
 
@@ -6,6 +7,7 @@ import typer
 
 from kumo_sdk.cli import output
 from kumo_sdk.cli.common import Json, command, connect, current_project, group, show
+from kumo_sdk.cli.invitation import invite
 
 app = group("The project's members and their roles (reader < member < admin < owner).")
 Role = Annotated[str, typer.Option(help="reader, member, admin or owner.")]
@@ -24,20 +26,17 @@ def member_list(ctx: typer.Context, json: Json = False) -> None:
     )
 
 
-@command(app, "add")
-def member_add(
+@command(app, "invite")
+def member_invite(
     ctx: typer.Context,
-    user: Annotated[str, typer.Argument(help="Username or email.")],
+    email: Annotated[str, typer.Argument(help="Their e-mail address.")],
     role: Role = "member",
     json: Json = False,
 ) -> None:
-    """Add a member (project admins; only owners grant owner)."""
-    with connect(ctx) as kumo:
-        member = kumo.members.create(user, role=role, project=current_project(kumo))
-    if json:
-        return output.emit_json(member.raw)
-    output.note(f"{member.user.username} is now {member.role} of project {kumo.project}.")
-    return None
+    """Invite EMAIL to the project (admins; only owners invite owners). They become a
+    member when they accept, after logging in; the answer is the same whether or not the
+    address has an account. `kumo invitation list` and `revoke ID` follow it up."""
+    invite(ctx, email, role, json)
 
 
 @command(app, "set-role")

@@ -9,11 +9,16 @@ from kumo_sdk.types.access import Application, Invitation, OperatorUser
 
 
 class Invitations(Resource[Invitation]):
-    """``create(email, role=...)`` invites; the answer is the same for every address.
-    ``delete(id)`` revokes a pending one; ``accept(token)`` joins with the mail's secret."""
+    """The one way into a project (admins): ``create(email, role=...)`` invites, and the
+    answer is the same for every address; ``list()`` shows each one's status;
+    ``revoke(id)`` (or ``delete(id)``) revokes a pending one; ``accept(token)`` joins with
+    the mail's secret, as the invitee."""
 
     path, type, find_by, create_args = "invitations/", Invitation, "email", ("email",)
     verbs = READ | {CREATE, DELETE}
+
+    def revoke(self, invitation_id: int, *, project: str | None = None) -> None:
+        self.delete(invitation_id, project=project)
 
     def accept(self, token: str) -> dict:
         return self._c.post("invitations/accept/", {"token": token})

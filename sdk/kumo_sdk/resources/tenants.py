@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kumo_sdk.resource import CREATE, CRUD, DELETE, GET, READ, Resource, Singleton
+from kumo_sdk.resource import CREATE, CRUD, DELETE, GET, READ, UPDATE, Resource, Singleton
 from kumo_sdk.types import ApiToken, Member, Project, Quota, SSHKey
 
 
@@ -16,12 +16,13 @@ class Projects(Resource[Project]):
 
 
 class Members(Resource[Member]):
-    """The project's members, by username: ``create(user, role=...)`` adds one by username
-    or email (admins; roles reader < member < admin < owner, and only owners grant owner),
-    ``update(username, role=...)``, ``delete(username)``."""
+    """The project's members, by username: ``update(username, role=...)`` (admins; roles
+    reader < member < admin < owner, and only owners grant owner), ``delete(username)``.
+    There is no ``create``: people join by accepting an invitation
+    (``kumo.invitations.create(email, role=...)``), which answers the same for every address."""
 
-    path, type, key, find_by, create_args = "members/", Member, "username", None, ("user",)
-    verbs = CRUD
+    path, type, key, find_by, create_args = "members/", Member, "username", None, ()
+    verbs = READ | {UPDATE, DELETE}
 
 
 class Quota(Singleton[Quota]):
