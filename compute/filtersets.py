@@ -1,7 +1,15 @@
 import django_filters
 
-from compute.choices import DeviceKind, HostState, ImageState, Priority, Visibility, VmState
-from compute.models import Device, Host, Image, Template, VirtualMachine
+from compute.choices import (
+    DeviceKind,
+    HostState,
+    ImageState,
+    LeaseState,
+    Priority,
+    Visibility,
+    VmState,
+)
+from compute.models import Device, Host, Image, Lease, Template, VirtualMachine
 from controlplane.api.filters import StrictBooleanFilter
 
 
@@ -56,3 +64,17 @@ class TemplateFilterSet(django_filters.FilterSet):
     class Meta:
         model = Template
         fields = ["gpus", "gpu_model", "spot_allowed"]
+
+
+class LeaseFilterSet(django_filters.FilterSet):
+    """A calendar's window: ``ends_after`` and ``starts_before`` keep the leases that overlap
+    it."""
+
+    state = django_filters.MultipleChoiceFilter(choices=LeaseState.choices)
+    ends_after = django_filters.IsoDateTimeFilter(field_name="ends_at", lookup_expr="gt")
+    starts_before = django_filters.IsoDateTimeFilter(field_name="starts_at", lookup_expr="lt")
+    project = django_filters.CharFilter(field_name="project__slug")
+
+    class Meta:
+        model = Lease
+        fields = ["state", "name", "gpu_model", "ends_after", "starts_before", "project"]

@@ -3,11 +3,13 @@ many: no query per row. Endpoints are found on the routers, so a new one is cove
 fails here until the seed below gives it rows)."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from compute import services as compute
 from controlplane.api.urls import admin_router, project_router, user_router
@@ -57,6 +59,14 @@ def seeded(staff, monkeypatch, settings):
         make_vm(project, template=make_template(gpus=1), image=make_image(project=project))
         compute.placement_group_create(project=project, name=f"pg{n}", policy="compact")
         compute.guarantee_set(project=make_project(owner=staff), min_gpus=n + 1)
+        start = timezone.now() + timedelta(days=n + 1)
+        compute.lease_create(
+            project=project,
+            name=f"l{n}",
+            gpus=1,
+            starts_at=start,
+            ends_at=start + timedelta(hours=1),
+        )
         operation_create(kind="test", target=host)
         operation_create(kind="test", target=project, project=project)
         _seed_network(project, host, n)
@@ -180,6 +190,7 @@ QUERIES = {
     "admin-hostnetwork": 3,
     "admin-image": 3,
     "admin-invoice": 3,
+    "admin-lease": 3,
     "admin-operation": 3,
     "admin-pointsentry": 3,
     "admin-project": 3,
@@ -198,6 +209,7 @@ QUERIES = {
     "project-globalip": 4,
     "project-image": 4,
     "project-invoice": 4,
+    "project-lease": 4,
     "project-member": 4,
     "project-network": 4,
     "project-operation": 4,
@@ -277,6 +289,7 @@ def test_which_lists_take_the_read_path():
 
 PLANNED = {
     "application",
+    "admin-lease",
     "admin-auditevent",
     "admin-capacityguarantee",
     "admin-externalconnection",
@@ -291,6 +304,7 @@ PLANNED = {
     "project-externalconnection",
     "project-image",
     "project-invoice",
+    "project-lease",
     "project-network",
     "project-placementgroup",
     "project-securitygrouprule",

@@ -15,6 +15,7 @@ from compute.models import (
     Device,
     Host,
     Image,
+    Lease,
     PlacementGroup,
     Template,
     VirtualMachine,
@@ -223,6 +224,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     placement_group = serializers.SlugRelatedField(
         slug_field="name", read_only=True, allow_null=True
     )
+    lease = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     host = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     gpu_addresses = serializers.SerializerMethodField()
     nics = serializers.SerializerMethodField()
@@ -237,6 +239,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "image",
             "priority",
             "placement_group",
+            "lease",
             "vcpus",
             "memory_mib",
             "gpus",
@@ -303,6 +306,32 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
     def get_gpu_addresses(self, vm) -> list[str]:
         """The host PCI addresses of the VM's GPUs (for support and NCCL debugging)."""
         return sorted(d.pci_address for d in vm.devices.all())
+
+
+class LeaseSerializer(serializers.ModelSerializer):
+    project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = Lease
+        fields = [
+            "id", "project", "name", "gpu_model", "gpus", "starts_at", "ends_at", "state",
+            "state_reason", "created_by", "created_at", "ended_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class LeaseCreateSerializer(serializers.Serializer):
+    name = fields.CharField(max_length=63, validators=[hostname_validator])
+    gpus = serializers.IntegerField(min_value=1, max_value=4096)
+    gpu_model = fields.CharField(
+        max_length=64, required=False, allow_blank=True, default="",
+        help_text="empty: the fleet's one GPU model",
+    )  # fmt: skip
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
 
 
 class CapacityGuaranteeSerializer(serializers.ModelSerializer):
@@ -395,6 +424,10 @@ class VirtualMachineCreateSerializer(serializers.Serializer):
     )
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.ON_DEMAND)
     placement_group = fields.CharField(max_length=63, required=False, allow_null=True)
+    lease = fields.CharField(
+        max_length=63, required=False, allow_null=True,
+        help_text="a lease of the project (by name) to run in: placed on its GPUs",
+    )  # fmt: skip
     wait_for_capacity = fields.BooleanField(
         default=True,
         help_text="when nothing fits now: true keeps the VM pending until room appears; "

@@ -3,7 +3,7 @@ import time
 from django.conf import settings
 from django.db.models import Count, Prefetch, Q
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -15,14 +15,17 @@ from compute.filtersets import (
     DeviceFilterSet,
     HostFilterSet,
     ImageFilterSet,
+    LeaseFilterSet,
     TemplateFilterSet,
     VirtualMachineFilterSet,
 )
+from compute.leases import HOLDING as LEASE_HOLDING
 from compute.models import (
     CapacityGuarantee,
     Device,
     Host,
     Image,
+    Lease,
     PlacementGroup,
     Template,
     VirtualMachine,
@@ -59,7 +62,9 @@ def wait_for_operation(operation: Operation, timeout_s: float) -> Operation | No
 
 
 def _vm_queryset(qs):
-    return qs.select_related("project", "template", "placement_group", "host").prefetch_related(
+    return qs.select_related(
+        "project", "template", "placement_group", "host", "lease"
+    ).prefetch_related(
         Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm")),
         Prefetch(
             "ports",
@@ -127,6 +132,15 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
                 raise InvalidInput.field(
                     "placement_group", f"no placement group {v['placement_group']!r} here"
                 )
+        lease = None
+        if v.get("lease"):
+            lease = (
+                Lease.objects.for_project(project)
+                .filter(name=v["lease"], state__in=LEASE_HOLDING)
+                .first()
+            )
+            if lease is None:
+                raise InvalidInput.field("lease", f"no lease {v['lease']!r} here")
         nics = []
         for index, nic in enumerate(v["nics"]):
             network = Network.objects.for_project(project).filter(name=nic["network"]).first()
@@ -144,6 +158,7 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
             user_data=v["user_data"],
             priority=v["priority"],
             placement_group=group,
+            lease=lease,
             wait_for_capacity=v["wait_for_capacity"],
             nics=nics,
             actor=request.user,
@@ -384,6 +399,45 @@ class PlacementGroupViewSet(
         services.placement_group_delete(group=instance)
 
 
+class LeaseViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, ProjectScopedViewSet
+):
+    """Reservations of GPUs over a period (``compute.services.leases``). Members see them
+    and create VMs in them (``lease`` on a VM's create); admins reserve and cancel, since a
+    lease is billed whether it is used or not. A lease that does not fit answers 409 with
+    the earliest period that does (``details.earliest_starts_at``)."""
+
+    model = Lease
+    serializer_class = s.LeaseSerializer
+    filterset_class = LeaseFilterSet
+    ordering_fields = ["starts_at", "ends_at", "created_at", "name"]
+    write_role = Role.ADMIN
+    audit_object_type = "compute.lease"
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("project", "created_by")
+
+    @extend_schema(request=s.LeaseCreateSerializer, responses={201: s.LeaseSerializer})
+    def create(self, request, *args, **kwargs):
+        data = s.LeaseCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        lease = services.lease_create(
+            project=self.project, actor=request.user, **data.validated_data
+        )
+        return Response(
+            s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+    @extend_schema(request=None, responses=s.LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, *args, **kwargs):
+        """Cancel: not started, it is dropped and billed nothing; started, it ends now (its
+        VMs are shelved)."""
+        lease = services.lease_cancel(lease=self.get_object(), actor=request.user)
+        return Response(s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
+
+
 class ReclamationViewSet(ProjectScopedViewSet):
     """Reclamation as it concerns the project: its guaranteed minimum of GPUs (spot
     preemption never takes its use below it), the thresholds in force (idle, expiry), and
@@ -563,6 +617,23 @@ class OperatorCapacityGuaranteeViewSet(
             actor=request.user,
         )
         return Response(s.CapacityGuaranteeSerializer(guarantee).data)
+
+
+class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
+    """Every project's leases: the fleet's calendar (``ends_after`` and ``starts_before``
+    select a window); operators cancel any."""
+
+    queryset = Lease.objects.select_related("project", "created_by")
+    serializer_class = s.LeaseSerializer
+    filterset_class = LeaseFilterSet
+    ordering_fields = ["starts_at", "ends_at", "created_at"]
+    audit_object_type = "compute.lease"
+
+    @extend_schema(request=None, responses=s.LeaseSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        lease = services.lease_cancel(lease=self.get_object(), actor=request.user)
+        return Response(s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
 
 
 class OperatorVirtualMachineViewSet(

@@ -12,10 +12,12 @@ from rest_framework.routers import DefaultRouter, SimpleRouter
 from compute.api.imagefiles import image_file
 from compute.api.metadata import SpotAcknowledgeView, SpotInstanceActionView
 from compute.api.views import (
+    LeaseViewSet,
     OperatorCapacityGuaranteeViewSet,
     OperatorDeviceViewSet,
     OperatorHostViewSet,
     OperatorImageViewSet,
+    OperatorLeaseViewSet,
     OperatorTemplateViewSet,
     OperatorVirtualMachineViewSet,
     PlacementGroupViewSet,
@@ -102,6 +104,7 @@ project_router.register(
 project_router.register(
     f"{PROJECT}/reclamation", ReclamationViewSet, basename="project-reclamation"
 )
+project_router.register(f"{PROJECT}/leases", LeaseViewSet, basename="project-lease")
 for prefix, viewset, basename in [
     ("networks", NetworkViewSet, "project-network"),
     ("subnets", SubnetViewSet, "project-subnet"),
@@ -128,6 +131,7 @@ admin_router.register("admin/devices", OperatorDeviceViewSet, basename="admin-de
 admin_router.register("admin/templates", OperatorTemplateViewSet, basename="admin-template")
 admin_router.register("admin/images", OperatorImageViewSet, basename="admin-image")
 admin_router.register("admin/vms", OperatorVirtualMachineViewSet, basename="admin-vm")
+admin_router.register("admin/leases", OperatorLeaseViewSet, basename="admin-lease")
 admin_router.register(
     "admin/capacity-guarantees",
     OperatorCapacityGuaranteeViewSet,

@@ -44,6 +44,7 @@ from kumo_sdk.resources.admin import Admin
 from kumo_sdk.resources.billing import Budgets, ForecastReport, Invoices, Points, Usage
 from kumo_sdk.resources.compute import (
     Images,
+    Leases,
     PlacementGroups,
     ReclamationReport,
     Templates,
@@ -114,6 +115,7 @@ class Client:
     images = bind(Images)
     vms = bind(VirtualMachines)
     placement_groups = bind(PlacementGroups)
+    leases = bind(Leases)
     reclamation = bind(ReclamationReport)
     networks = bind(Networks)
     subnets = bind(Subnets)

@@ -37,7 +37,8 @@ class Invitation(ProjectOwnedModel):
         ordering = ["-created_at", "-id"]
 
     def __str__(self):
-        return f"invitation of {self.email} to {self.project_id}"
+        # No address here: this is what the project's audit trail shows to all its members.
+        return f"invitation {self.pk} ({self.role})"
 
 
 class ProjectApplication(models.Model):

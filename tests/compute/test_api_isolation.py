@@ -1,6 +1,6 @@
 """Isolation contracts of compute's project endpoints."""
 
-from compute.models import Image, PlacementGroup, VirtualMachine
+from compute.models import Host, Image, Lease, PlacementGroup, VirtualMachine
 from tests.factories import make_image, make_template, make_vm
 from tests.isolation import ProjectEndpointContract
 
@@ -38,6 +38,12 @@ class TestVirtualMachineIsolation(ProjectEndpointContract):
                 "template": template,
                 "image": make_image().pk,
                 "placement_group": group.name,
+            },
+            {
+                "name": "x3",
+                "template": make_template(gpus=1).name,
+                "image": make_image().pk,
+                "lease": _their_lease(other).name,
             },
         ]
 
@@ -78,3 +84,50 @@ class TestPlacementGroupIsolation(ProjectEndpointContract):
 
     def count(self, project):
         return PlacementGroup.objects.for_project(project).count()
+
+
+class TestLeaseIsolation(ProjectEndpointContract):
+    basename = "project-lease"
+    write_role = "admin"  # a lease is billed whether used or not
+    actions = ("list", "retrieve", "create")
+    object_actions = (("post", "cancel/"),)
+    create_references_nothing = True
+
+    def make_object(self, project):
+        from compute import services
+
+        return services.lease_create(
+            project=project, name=f"l{Lease.objects.count()}", gpus=1, **_period()
+        )
+
+    def create_payload(self, project):
+        period = _period()
+        return {
+            "name": f"new-{Lease.objects.count()}",
+            "gpus": 1,
+            "starts_at": period["starts_at"].isoformat(),
+            "ends_at": period["ends_at"].isoformat(),
+        }
+
+    def count(self, project):
+        return Lease.objects.for_project(project).count()
+
+
+def _period():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.factories import make_host
+
+    if not Host.objects.exists():
+        make_host("gpu-lease")
+    # Each lease a day of its own: as many as a test makes fit on one host's GPUs.
+    start = timezone.now() + timedelta(days=1 + Lease.objects.count())
+    return {"starts_at": start, "ends_at": start + timedelta(hours=1)}
+
+
+def _their_lease(project):
+    from compute import services
+
+    return services.lease_create(project=project, name="theirs", gpus=1, **_period())

@@ -196,3 +196,33 @@ def test_cli_members_quota_groups_budgets_webhooks_points_connections(logged_in,
     assert "is requested" in asked.stderr
     refused = logged_in("share", "create", "data", "--quota", "10", ok=False)
     assert refused.exit_code == 1 and "(409" in refused.stderr
+
+
+def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
+    from datetime import UTC, datetime, timedelta
+
+    make_host()  # 8 GPUs
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+    lease = kumo.leases.create("run", gpus=6, starts_at=start, ends_at=start + timedelta(hours=2))
+    assert (lease.name, lease.gpus, lease.state, lease.project) == (
+        "run",
+        6,
+        "scheduled",
+        project.slug,
+    )
+    with pytest.raises(Conflict) as refused:
+        kumo.leases.create("more", gpus=4, starts_at=start, ends_at=start + timedelta(hours=1))
+    assert refused.value.details["earliest_starts_at"] == [(start + timedelta(hours=2)).isoformat()]
+    with pytest.raises(InvalidInput) as bad:
+        kumo.leases.create("bad", gpus=0, starts_at=start, ends_at=start)
+    assert "gpus" in bad.value.details
+    [calendar] = staff.admin.leases.list(project=project.slug)
+    assert calendar.id == lease.id
+
+    logged_in("project", "use", project.slug)
+    listed = logged_in("lease", "list").stdout
+    assert "run" in listed and "6 x A100-SXM4-40GB" in listed and "scheduled" in listed
+    made = logged_in("lease", "create", "later", "--gpus", "2", "--start", "now", "--hours", "1")
+    assert "Lease later: 2 x A100-SXM4-40GB" in made.stderr
+    assert "is cancelled" in logged_in("lease", "cancel", "later").stderr
+    assert kumo.leases.cancel(lease.id).state == "cancelled"

@@ -122,3 +122,35 @@ def guarantee_set(
         f"Project {made.project} is guaranteed {made.min_gpus} {made.gpu_model} GPUs"
         f" and {made.min_vcpus} vCPUs."
     )
+
+
+@command(app, "leases")
+def lease_calendar(
+    ctx: typer.Context,
+    days: Annotated[int, typer.Option(help="How many days ahead to show.")] = 30,
+    json: Json = False,
+) -> None:
+    """The fleet's calendar: every project's leases that overlap the next DAYS days."""
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    with connect(ctx) as kumo:
+        found = list(
+            kumo.admin.leases.list(
+                ends_after=now.isoformat(), starts_before=(now + timedelta(days=days)).isoformat()
+            )
+        )
+    show(
+        found,
+        json,
+        ["ID", "PROJECT", "NAME", "GPUS", "STARTS", "ENDS", "STATE"],
+        lambda x: [
+            x.id,
+            x.project,
+            x.name,
+            f"{x.gpus} x {x.gpu_model}",
+            f"{x.starts_at:%Y-%m-%d %H:%M}",
+            f"{x.ends_at:%Y-%m-%d %H:%M}",
+            x.state,
+        ],
+    )

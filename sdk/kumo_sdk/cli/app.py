@@ -25,6 +25,7 @@ from kumo_sdk.cli import (
     image,
     invitation,
     invoice,
+    lease,
     member,
     network,
     output,
@@ -128,6 +129,7 @@ app.add_typer(image.app, name="image")
 app.add_typer(vm.app, name="vm")
 app.add_typer(subnet.app, name="subnet")
 app.add_typer(placement_group.app, name="placement-group")
+app.add_typer(lease.app, name="lease")
 app.add_typer(network.app, name="network")
 app.add_typer(security_group.app, name="security-group")
 app.add_typer(global_ip.app, name="global-ip")

@@ -73,6 +73,7 @@ def _vm_details(vm: VirtualMachine) -> None:
                 for i, nic in enumerate(vm.nics)
             ],
             ("placement group", vm.placement_group),
+            ("lease", vm.lease),
             ("eviction deadline", vm.eviction_deadline),
             ("evicted", vm.evicted_at),
             (
@@ -105,6 +106,9 @@ def vm_create(
     placement_group: Annotated[
         str | None, typer.Option(help="Join this placement group (kumo placement-group list).")
     ] = None,
+    lease: Annotated[
+        str | None, typer.Option(help="Run in this lease, on its GPUs (kumo lease list).")
+    ] = None,
     user_data: Annotated[
         Path | None, typer.Option(help="A cloud-init user-data file.", exists=True)
     ] = None,
@@ -122,6 +126,7 @@ def vm_create(
             "networks": network,
             "ssh_keys": ssh_key,
             "placement_group": placement_group,
+            "lease": lease,
             "user_data": user_data.read_text(encoding="utf-8") if user_data else "",
         }
         if not wait:

@@ -30,6 +30,7 @@ from kumo_sdk.types import (
     Image,
     Invoice,
     InvoiceVerification,
+    Lease,
     Operation,
     OperatorPointsEntry,
     OperatorProject,
@@ -117,6 +118,16 @@ class AdminVms(_Admin):
 
     def describe(self, vm_id: str) -> Operation:
         return decode(Operation, self._action(vm_id, "describe"))
+
+
+class AdminLeases(_Admin):
+    """Every project's leases (the fleet's calendar: ``ends_after``, ``starts_before``);
+    ``cancel`` any."""
+
+    path, type, find_by = "admin/leases/", Lease, None
+
+    def cancel(self, key: Any) -> Lease:
+        return self._decode(self._action(key, "cancel"))
 
 
 class CapacityGuarantees(_Admin):
@@ -233,6 +244,7 @@ class Admin(Namespace):
     images = bind(AdminImages)
     vms = bind(AdminVms)
     capacity_guarantees = bind(CapacityGuarantees)
+    leases = bind(AdminLeases)
     global_ip_pools = bind(GlobalIpPools)
     external_connections = bind(AdminExternalConnections)
     host_networks = bind(HostNetworks)

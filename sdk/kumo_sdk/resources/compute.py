@@ -11,6 +11,7 @@ from kumo_sdk.resource import CREATE, DELETE, READ, Resource, Singleton
 from kumo_sdk.types import (
     ConsoleTicket,
     Image,
+    Lease,
     Operation,
     PlacementGroup,
     Reclamation,
@@ -63,6 +64,49 @@ class PlacementGroups(Resource[PlacementGroup]):
 
     path, type = "placement-groups/", PlacementGroup
     verbs = READ | {CREATE, DELETE}
+
+
+class Leases(Resource[Lease]):
+    """Reservations of GPUs over a period. ``create(name, gpus=n, starts_at=..., ends_at=...,
+    gpu_model=...)`` (admins; datetimes or ISO 8601 strings) answers 409 when it does not fit,
+    with the earliest period that does in ``details["earliest_starts_at"]``; ``cancel``
+    drops one not started (billed nothing) or ends one now (its VMs are shelved). ``list``
+    filters: ``state``, ``ends_after`` and ``starts_before`` (a calendar's window)."""
+
+    path, type = "leases/", Lease
+    verbs = READ | {CREATE}
+
+    def _find_filters(self, name: str) -> dict[str, Any]:
+        return {"name": name}
+
+    def _findable(self, item: Lease) -> bool:
+        return item.state in ("scheduled", "preparing", "active")
+
+    def create(  # type: ignore[override]
+        self,
+        name: str,
+        *,
+        gpus: int,
+        starts_at: Any,
+        ends_at: Any,
+        gpu_model: str = "",
+        project: str | None = None,
+    ) -> Lease:
+        body = {
+            "name": name,
+            "gpus": gpus,
+            "gpu_model": gpu_model,
+            "starts_at": _iso(starts_at),
+            "ends_at": _iso(ends_at),
+        }
+        return self._decode(self._c.post(self._base(project), body))
+
+    def cancel(self, key: Any, *, project: str | None = None) -> Lease:
+        return self._decode(self._action(key, "cancel", project=project))
+
+
+def _iso(value: Any) -> str:
+    return value if isinstance(value, str) else value.isoformat()
 
 
 class ReclamationReport(Singleton[Reclamation]):
@@ -118,6 +162,7 @@ class VirtualMachines(Resource[VirtualMachine]):
         ssh_keys: list[str] | None = None,
         user_data: str = "",
         placement_group: str | None = None,
+        lease: str | None = None,
         wait_for_capacity: bool = True,
         wait: bool = False,
         timeout: float = 600.0,
@@ -139,6 +184,8 @@ class VirtualMachines(Resource[VirtualMachine]):
         }
         if placement_group:
             body["placement_group"] = placement_group
+        if lease:
+            body["lease"] = lease
         path = self._base(project)
         vm = self._decode(self._c.post(path, body, idempotency_key=idempotency_key))
         if not wait:

@@ -74,6 +74,7 @@ class VirtualMachine:
     image: int | None = None
     priority: str = "on_demand"
     placement_group: str | None = None
+    lease: str | None = None
     vcpus: int = 0
     memory_mib: int = 0
     gpus: int = 0
@@ -113,6 +114,27 @@ class PlacementGroup:
     name: str = ""
     policy: str = ""
     created_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A reservation of ``gpus`` GPUs of ``gpu_model`` over ``[starts_at, ends_at)``:
+    scheduled, preparing (its GPUs held, spot VMs on them noticed), active, ended or
+    cancelled. VMs created in it (``vms.create(..., lease=name)``) run on its GPUs."""
+
+    id: int = 0
+    project: str = ""
+    name: str = ""
+    gpu_model: str = ""
+    gpus: int = 0
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    state: str = ""
+    state_reason: str = ""
+    created_by: str | None = None
+    created_at: datetime | None = None
+    ended_at: datetime | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 

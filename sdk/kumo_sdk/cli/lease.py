@@ -1,0 +1,93 @@
+"""`kumo lease`: the project's reservations of GPUs over a period."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+import typer
+
+from kumo_sdk.cli import output
+from kumo_sdk.cli.common import Json, command, connect, current_project, group, show
+
+app = group("Leases: GPUs reserved for the project over a period (its VMs run in them).")
+
+COLUMNS = ["ID", "NAME", "GPUS", "STARTS", "ENDS", "STATE"]
+
+
+def _row(lease):
+    return [
+        lease.id,
+        lease.name,
+        f"{lease.gpus} x {lease.gpu_model}",
+        f"{lease.starts_at:%Y-%m-%d %H:%M}",
+        f"{lease.ends_at:%Y-%m-%d %H:%M}",
+        lease.state,
+    ]
+
+
+def _when(value: str) -> datetime:
+    """An ISO 8601 time (UTC when it names no zone), or ``now``."""
+    if value == "now":
+        return datetime.now(UTC)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 time (2026-12-01T09:00)") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _hours(value: str) -> timedelta:
+    try:
+        return timedelta(hours=float(value))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not a number of hours") from None
+
+
+@command(app, "list")
+def lease_list(ctx: typer.Context, json: Json = False) -> None:
+    """The project's leases, soonest first."""
+    with connect(ctx) as kumo:
+        leases = list(kumo.leases.list(project=current_project(kumo)))
+    show(leases, json, COLUMNS, _row)
+
+
+@command(app, "create")
+def lease_create(
+    ctx: typer.Context,
+    name: str,
+    gpus: Annotated[int, typer.Option(help="How many GPUs.")],
+    start: Annotated[str, typer.Option(help="ISO 8601 time (UTC unless it says), or now.")],
+    hours: Annotated[str, typer.Option(help="How long, in hours.")],
+    gpu_model: Annotated[str, typer.Option(help="The GPU model (the fleet's one if empty).")] = "",
+    json: Json = False,
+) -> None:
+    """Reserve GPUs (project admins). When they do not fit, the answer names the earliest
+    period that does."""
+    begin = _when(start)
+    with connect(ctx) as kumo:
+        made = kumo.leases.create(
+            name,
+            gpus=gpus,
+            starts_at=begin,
+            ends_at=begin + _hours(hours),
+            gpu_model=gpu_model,
+            project=current_project(kumo),
+        )
+    if json:
+        return output.emit_json(made.raw)
+    output.note(
+        f"Lease {made.name}: {made.gpus} x {made.gpu_model} from {made.starts_at:%Y-%m-%d %H:%M} "
+        f"to {made.ends_at:%Y-%m-%d %H:%M} UTC ({made.state}). Create VMs in it with "
+        f"`kumo vm create ... --lease {made.name}`."
+    )
+    return None
+
+
+@command(app, "cancel")
+def lease_cancel(ctx: typer.Context, name: str) -> None:
+    """Cancel a lease: not started, it is billed nothing; started, it ends now and its VMs
+    are shelved."""
+    with connect(ctx) as kumo:
+        project = current_project(kumo)
+        found = kumo.leases.find(name, project=project)
+        done = kumo.leases.cancel(found.id, project=project)
+    output.note(f"Lease {done.name} is {done.state}.")
