@@ -2,6 +2,7 @@
 
 import json
 
+from tenants import applications
 from tenants.models import Project
 from tests.factories import UserFactory
 from tests.sdk.conftest import PASSWORD, can_log_in
@@ -32,10 +33,15 @@ def test_operators_review_and_manage_users(server, kumo_cli, owner):
     can_log_in(operator)
     kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
     kumo_cli(
-        "application", "apply", "Ops lab", "--purpose", "p", "--slug", "ops-lab", "--gpus", "2"
+        "application", "apply", "Own lab", "--purpose", "p", "--slug", "own-lab", "--gpus", "1"
     )
-    [app] = json.loads(kumo_cli("application", "list", "--json").stdout)
-    done = kumo_cli("application", "review", str(app["id"]), "approve")
+    [own] = json.loads(kumo_cli("application", "list", "--json").stdout)
+    refused = kumo_cli("application", "review", str(own["id"]), "approve", ok=False)
+    assert refused.exit_code == 1 and "your own application" in refused.output
+    theirs = applications.application_submit(
+        applicant=owner, slug="ops-lab", title="Ops lab", purpose="p", gpus=2
+    )
+    done = kumo_cli("application", "review", str(theirs.pk), "approve")
     assert "approved (project ops-lab)" in done.stderr
     assert Project.objects.get(slug="ops-lab").quota.gpus == 2
     listed = kumo_cli("user", "list", "--q", owner.username).stdout
