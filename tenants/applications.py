@@ -81,8 +81,14 @@ def _check(application: ProjectApplication) -> None:
             raise InvalidInput.field("slug", e.messages[0]) from None
         if Project.objects.filter(slug=application.slug).exists():
             raise Conflict(f"a project {application.slug!r} exists", details={"slug": ["taken"]})
-    elif application.kind == Kind.RENEWAL and not application.valid_until:
-        raise InvalidInput.field("valid_until", "required: the new end of the project")
+    elif application.kind == Kind.RENEWAL:
+        if not application.valid_until:
+            raise InvalidInput.field("valid_until", "required: the new end of the project")
+        current = application.project.valid_until if application.project else None
+        if current and application.valid_until <= current:
+            raise InvalidInput.field(
+                "valid_until", f"must be after the project's current end, {current}"
+            )
     elif application.kind == Kind.QUOTA and not any(
         getattr(application, r) for r in ProjectApplication.RESOURCES
     ):
