@@ -284,6 +284,7 @@ PLANNED = {
     "admin-externalconnection",
     "admin-globalippool",
     "admin-image",
+    "admin-institutionreviewer",
     "admin-invoice",
     "admin-template",
     "project-accesskey",
