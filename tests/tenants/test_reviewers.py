@@ -263,6 +263,10 @@ def test_the_admin_console_adds_and_removes_through_the_service(client, staff):
     assert row.created_by == staff
     assert AuditEvent.objects.filter(action="reviewer.designate").exists()
     assert client.get(reverse("admin:tenants_institutionreviewer_changelist")).status_code == 200
+    change = reverse("admin:tenants_institutionreviewer_change", args=[row.pk])
+    assert X in client.get(change).content.decode()
+    twice = client.post(add, {"user": user.pk, "issuer": X})
+    assert twice.status_code == 200 and InstitutionReviewer.objects.count() == 1
     delete = reverse("admin:tenants_institutionreviewer_delete", args=[row.pk])
     assert client.post(delete, {"post": "yes"}).status_code == 302
     assert not InstitutionReviewer.objects.exists()
