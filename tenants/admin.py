@@ -7,13 +7,14 @@ from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 
 from controlplane import audit
 from controlplane.errors import KumoError
-from tenants import billing, services
+from tenants import billing, reviewers, services
 from tenants.choices import UsageResource
 from tenants.models import (
     ApiToken,
     Budget,
     BudgetAlert,
     ExternalIdentity,
+    InstitutionReviewer,
     Invoice,
     Membership,
     PointsEntry,
@@ -63,6 +64,58 @@ class ExternalIdentityAdmin(admin.ModelAdmin):
     list_display = ["user", "issuer", "subject", "created_at"]
     search_fields = ["user__username", "issuer", "subject"]
     list_filter = ["issuer"]
+
+
+class InstitutionReviewerForm(forms.ModelForm):
+    class Meta:
+        model = InstitutionReviewer
+        fields = ["user", "issuer"]
+        help_texts = {
+            "issuer": "The institution: its SAML IdP's entity ID or its OIDC issuer (not its "
+            "name). The user reviews applications of people with an identity there."
+        }
+
+    def clean_issuer(self):
+        try:
+            return reviewers.issuer_check(self.cleaned_data.get("issuer", ""))
+        except KumoError as e:
+            raise forms.ValidationError(e.details.get("issuer", [e.message])[0]) from None
+
+
+@admin.register(InstitutionReviewer)
+class InstitutionReviewerAdmin(ServiceAdmin):
+    """Institutional reviewers: added and removed through ``tenants.reviewers`` (audited);
+    a designation is never edited (remove it and add another)."""
+
+    form = InstitutionReviewerForm
+    list_display = ["user", "issuer", "created_by", "created_at"]
+    list_filter = ["issuer"]
+    search_fields = ["user__username", "issuer"]
+    list_select_related = ["user", "created_by"]
+    autocomplete_fields = ["user"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["user", "issuer", "created_by", "created_at"] if obj else []
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return
+        created = self._run(
+            request,
+            reviewers.reviewer_designate,
+            user=obj.user,
+            issuer=obj.issuer,
+            actor=request.user,
+        )
+        if created is not None:
+            obj.pk = created.pk
+
+    def delete_model(self, request, obj):
+        self._run(request, reviewers.reviewer_remove, reviewer=obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
 
 
 class MembershipInline(admin.TabularInline):

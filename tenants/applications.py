@@ -5,9 +5,11 @@ An application is for a new project, a renewal (a later ``valid_until``) or a qu
 increase. ``submitted`` goes to ``approved``, ``rejected`` or ``returned`` (with the
 reviewer's comments); a returned one is amended and is ``submitted`` again. Approving a new
 project creates it with the quota asked and the applicant as owner; a renewal moves its end
-(and reactivates an expired project); a quota increase sets the limits asked. Reviewers are
-operators. Each step is audited and tells the applicant by mail; steps on an existing
-project are also project events (webhooks, and mail to its admins).
+(and reactivates an expired project); a quota increase sets the limits asked. Operators
+review every application; an institutional reviewer (``tenants.reviewers``) those of
+applicants who have an identity at their institution's IdP; nobody reviews their own. Each
+step is audited (with the authority it was decided on) and tells the applicant by mail;
+steps on an existing project are also project events (webhooks, and mail to its admins).
 
 Each transition is guarded twice: the state is checked under a row lock and the UPDATE
 matches the generation read, so two reviewers racing cannot both decide.
@@ -23,9 +25,17 @@ from django.utils import timezone
 
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput, PermissionDenied
-from tenants import services
+from tenants import selectors, services
 from tenants.choices import ProjectStatus, Role
-from tenants.models import Project, ProjectApplication, RenewalReminder, User, slug_validator
+from tenants.models import (
+    ExternalIdentity,
+    InstitutionReviewer,
+    Project,
+    ProjectApplication,
+    RenewalReminder,
+    User,
+    slug_validator,
+)
 
 State, Kind = ProjectApplication.State, ProjectApplication.Kind
 _EDITABLE = (
@@ -71,8 +81,14 @@ def _check(application: ProjectApplication) -> None:
             raise InvalidInput.field("slug", e.messages[0]) from None
         if Project.objects.filter(slug=application.slug).exists():
             raise Conflict(f"a project {application.slug!r} exists", details={"slug": ["taken"]})
-    elif application.kind == Kind.RENEWAL and not application.valid_until:
-        raise InvalidInput.field("valid_until", "required: the new end of the project")
+    elif application.kind == Kind.RENEWAL:
+        if not application.valid_until:
+            raise InvalidInput.field("valid_until", "required: the new end of the project")
+        current = application.project.valid_until if application.project else None
+        if current and application.valid_until <= current:
+            raise InvalidInput.field(
+                "valid_until", f"must be after the project's current end, {current}"
+            )
     elif application.kind == Kind.QUOTA and not any(
         getattr(application, r) for r in ProjectApplication.RESOURCES
     ):
@@ -154,9 +170,10 @@ DECISIONS = ("approve", "return", "reject")
 def application_review(
     *, application: ProjectApplication, reviewer: User, decision: str, comment: str = ""
 ) -> ProjectApplication:
-    """Approve, return for changes (a comment is required) or reject (operators)."""
-    if not reviewer.is_staff:
-        raise PermissionDenied("applications are reviewed by operators")
+    """Approve, return for changes (a comment is required) or reject: operators, or a
+    reviewer of an institution the applicant has an identity at; never the applicant
+    (``selectors.applications_reviewable_by``). Refused with 403 saying why."""
+    authority = _review_authority(reviewer, application)
     if decision not in DECISIONS:
         raise InvalidInput.field("decision", f"must be one of {', '.join(DECISIONS)}")
     if decision == "return" and not comment.strip():
@@ -179,7 +196,7 @@ def application_review(
         f"application.{decision}",
         application,
         project=application.project,
-        detail={"kind": application.kind, "comment": comment[:500]},
+        detail={"kind": application.kind, "comment": comment[:500], "as": authority},
     )
     _tell_applicant(
         application,
@@ -196,6 +213,39 @@ def application_review(
             mail=True,
         )
     return application
+
+
+def _review_authority(reviewer: User, application: ProjectApplication) -> str:
+    """On what authority ``reviewer`` decides on ``application`` ("operator", or the issuers
+    they review for that the applicant has an identity at), or PermissionDenied saying why
+    they may not."""
+    if application.applicant_id == reviewer.pk:
+        raise PermissionDenied("you cannot review your own application")
+    if not selectors.applications_reviewable_by(reviewer).filter(pk=application.pk).exists():
+        mine = sorted(
+            InstitutionReviewer.objects.filter(user=reviewer).values_list("issuer", flat=True)
+        )
+        if not mine:
+            raise PermissionDenied(
+                "applications are reviewed by operators and institutional reviewers; "
+                "you are neither"
+            )
+        if not ExternalIdentity.objects.filter(user_id=application.applicant_id).exists():
+            raise PermissionDenied(
+                "the applicant has no federated identity, so no institution vouches for them: "
+                "only operators review this application"
+            )
+        raise PermissionDenied(
+            f"you review applications of people of {', '.join(mine)}; the applicant has no "
+            "identity there"
+        )
+    if reviewer.is_staff:
+        return "operator"
+    issuers = ExternalIdentity.objects.filter(
+        user_id=application.applicant_id,
+        issuer__in=InstitutionReviewer.objects.filter(user=reviewer).values("issuer"),
+    ).values_list("issuer", flat=True)
+    return "reviewer of " + ", ".join(sorted(set(issuers)))
 
 
 def _carry_out(application: ProjectApplication) -> None:

@@ -3,7 +3,14 @@ import django_filters
 from controlplane.api.filters import StrictBooleanFilter
 from controlplane.filtersets import UTCDateTimeFilter
 from tenants.choices import BillingPriority, PointsKind, ProjectStatus, Role, UsageResource
-from tenants.models import Invoice, Membership, PointsEntry, Project, UsageRecord
+from tenants.models import (
+    InstitutionReviewer,
+    Invoice,
+    Membership,
+    PointsEntry,
+    Project,
+    UsageRecord,
+)
 
 
 class ProjectFilterSet(django_filters.FilterSet):
@@ -27,6 +34,15 @@ class MembershipFilterSet(django_filters.FilterSet):
     class Meta:
         model = Membership
         fields = ["role", "username"]
+
+
+class InstitutionReviewerFilterSet(django_filters.FilterSet):
+    user = django_filters.CharFilter(field_name="user__username", label="the reviewer's username")
+    issuer = django_filters.CharFilter()
+
+    class Meta:
+        model = InstitutionReviewer
+        fields = ["user", "issuer"]
 
 
 # --- billing -----------------------------------------------------------------------------------

@@ -2,12 +2,21 @@
 
 from functools import cache
 
-from django.db.models import Q
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from controlplane.rowjoin import JoinedLookup
 from tenants import quotas
-from tenants.models import ApiToken, Invitation, Membership, Project, User
+from tenants.models import (
+    ApiToken,
+    ExternalIdentity,
+    InstitutionReviewer,
+    Invitation,
+    Membership,
+    Project,
+    ProjectApplication,
+    User,
+)
 
 
 def token_project_id(token) -> int | None:
@@ -84,3 +93,41 @@ def pending_invitations(project: Project):
         .select_related("invited_by")
         .order_by("-created_at", "-pk")
     )
+
+
+# --- project applications: who sees and reviews which ---------------------------------------
+
+
+def _of_reviewed_institution(user) -> Exists:
+    """An application whose applicant has an identity at an issuer ``user`` reviews for."""
+    issuers = InstitutionReviewer.objects.filter(user=user).values("issuer")
+    return Exists(
+        ExternalIdentity.objects.filter(user=OuterRef("applicant_id"), issuer__in=issuers)
+    )
+
+
+def _reviewable(user) -> Q:
+    """The one rule of who decides on an application: never its own applicant; operators
+    every other; an institutional reviewer those of applicants of their institutions."""
+    others = ~Q(applicant=user)
+    return others if user.is_staff else others & Q(_of_reviewed_institution(user))
+
+
+def applications_reviewable_by(user) -> QuerySet:
+    """The applications ``user`` may approve, return or reject (in any state)."""
+    if not getattr(user, "is_authenticated", False):
+        return ProjectApplication.objects.none()
+    return ProjectApplication.objects.filter(_reviewable(user))
+
+
+def applications_visible_to(user, *, token=None) -> QuerySet:
+    """The applications ``user`` sees: their own, and those they may review (operators:
+    all). A token scoped to one project acts for that project only: it lends its user no
+    reviewer's view of other people's applications. Each row is annotated ``may_review``."""
+    if not getattr(user, "is_authenticated", False):
+        return ProjectApplication.objects.none()
+    qs = ProjectApplication.objects.all()
+    if not user.is_staff:
+        mine = Q(applicant=user)
+        qs = qs.filter(mine if token_project_id(token) else mine | _reviewable(user))
+    return qs.annotate(may_review=ExpressionWrapper(_reviewable(user), output_field=BooleanField()))

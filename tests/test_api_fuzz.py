@@ -26,7 +26,7 @@ from compute import services as compute_services
 from controlplane.models import AuditEvent
 from controlplane.services import operation_create
 from controlplane.wsgi import application
-from tenants import services
+from tenants import reviewers, services
 from tenants.models import UsageRecord
 from tests.factories import (
     UserFactory,
@@ -57,6 +57,7 @@ REAL: dict[str, list[str]] = {}
 # Body fields that must name an existing object, by operation: the schema can only say "string".
 REFERENCES = {
     "POST /api/v1/admin/projects/": ["owner"],
+    "POST /api/v1/admin/institution-reviewers/": ["user"],
     "POST /api/v1/user/tokens/": ["project"],
     "POST /api/v1/user/ssh-keys/": ["public_key"],
     "POST /api/v1/auth/login/": ["username", "password"],
@@ -84,6 +85,8 @@ NOT_IN_SCHEMA = {
     # Identity: the password validators; a new project's free slug, a renewal's project and
     # end, a quota increase's resources; a return's comment; a free username.
     "POST /api/v1/admin/users/": {"username", "password"},
+    # An existing username; a pair not designated already is the only other rule.
+    "POST /api/v1/admin/institution-reviewers/": {"user"},
     "POST /api/v1/applications/": {
         "slug",
         "project",
@@ -205,8 +208,9 @@ def _ssh_public_key() -> str:
 
 @pytest.fixture
 def world(db):
-    """A staff user who owns a project with another member, an SSH key, a host, an operation
-    and audit events; a user in no project; and a bearer token for the staff user."""
+    """A staff user who owns a project with another member (an institutional reviewer), an
+    SSH key, a host, an operation and audit events; a user in no project; and a bearer token
+    for the staff user."""
     staff = UserFactory(username="fuzz-staff", is_staff=True, is_superuser=True)
     outsider = UserFactory(username="fuzz-outsider")
     project = make_project(owner=staff, slug="fuzz-project")
@@ -221,6 +225,9 @@ def world(db):
     key = services.sshkey_add(user=staff, name="fuzz", public_key=_ssh_public_key())
     invoice, budget, points, rate_card = _billing(project)
     event = AuditEvent.objects.filter(project=project).latest("pk")
+    reviewer = reviewers.reviewer_designate(
+        user=member, issuer="https://idp.fuzz.example/idp", actor=staff
+    )
     from storage import services as storage
 
     volume = storage.volume_create(project=project, name="fuzz", size_gib=1)
@@ -245,6 +252,7 @@ def world(db):
             "id:budgets": [str(budget.pk)],
             "id:points": [str(points.pk)],
             "id:rate-cards": [str(rate_card.pk)],
+            "id:institution-reviewers": [str(reviewer.pk)],
             "id:usage-records": [str(UsageRecord.objects.filter(project=project).first().pk)],
         },
         # body fields

@@ -77,8 +77,8 @@ def seeded(staff, monkeypatch, settings):
 
 
 def _seed_access(project, staff, n):
-    """An invitation, an application and a user with a federated identity."""
-    from tenants import applications, invitations
+    """An invitation, an application, a user with a federated identity and a reviewer."""
+    from tenants import applications, invitations, reviewers
     from tenants.models import ExternalIdentity
     from tests.factories import UserFactory
 
@@ -87,6 +87,7 @@ def _seed_access(project, staff, n):
         applicant=staff, slug=f"applied-{n}", title=f"a{n}", purpose="p", gpus=1
     )
     ExternalIdentity.objects.create(user=UserFactory(), issuer="https://idp", subject=f"s{n}")
+    reviewers.reviewer_designate(user=UserFactory(), issuer=f"https://idp{n}.example", actor=staff)
 
 
 def _seed_billing(project, n):
@@ -178,6 +179,7 @@ def test_list_queries_do_not_grow_with_the_page(client_for, staff, seeded, basen
 # page; VMs, ports and security groups add the prefetches of their related rows.
 QUERIES = {
     "admin-user": 4,  # and the users' identities, prefetched
+    "admin-institutionreviewer": 3,
     "application": 3,
     "project-invitation": 4,
     "admin-auditevent": 3,
@@ -295,6 +297,7 @@ PLANNED = {
     "admin-externalconnection",
     "admin-globalippool",
     "admin-image",
+    "admin-institutionreviewer",
     "admin-invoice",
     "admin-template",
     "project-accesskey",

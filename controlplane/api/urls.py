@@ -61,6 +61,7 @@ from tenants.api.access import (
     ApplicationViewSet,
     InvitationAcceptView,
     InvitationViewSet,
+    OperatorInstitutionReviewerViewSet,
     OperatorUserViewSet,
 )
 from tenants.api.views import (
@@ -124,6 +125,11 @@ for prefix, viewset, basename in [
 admin_router = SimpleRouter()
 admin_router.register("admin/projects", OperatorProjectViewSet, basename="admin-project")
 admin_router.register("admin/users", OperatorUserViewSet, basename="admin-user")
+admin_router.register(
+    "admin/institution-reviewers",
+    OperatorInstitutionReviewerViewSet,
+    basename="admin-institutionreviewer",
+)
 admin_router.register("admin/audit-events", OperatorAuditEventViewSet, basename="admin-auditevent")
 admin_router.register("admin/operations", OperatorOperationViewSet, basename="admin-operation")
 admin_router.register("admin/hosts", OperatorHostViewSet, basename="admin-host")

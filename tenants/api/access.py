@@ -3,9 +3,13 @@
 - ``projects/{slug}/invitations/``: admins invite by e-mail, list and revoke. The answer to
   an invitation is the same whether or not anyone has that address.
 - ``invitations/accept/``: the logged-in invitee accepts with the secret from the e-mail.
-- ``applications/``: anyone applies and sees their own applications; operators review.
+- ``applications/``: anyone applies and sees their own applications; operators review
+  every application, institutional reviewers those of their institutions' applicants (and
+  see those too); nobody reviews their own.
+- ``admin/institution-reviewers/``: operators designate and remove institutional reviewers.
 """
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -15,10 +19,17 @@ from rest_framework.views import APIView
 from controlplane.api import fields
 from controlplane.api.errors import ErrorSerializer
 from controlplane.api.viewsets import KumoViewMixin, OperatorViewSet, ProjectScopedViewSet
-from tenants import applications, invitations, selectors, services, users
+from tenants import applications, invitations, reviewers, selectors, services, users
 from tenants.api.serializers import IdentitySerializer
 from tenants.choices import Role
-from tenants.models import Invitation, Project, ProjectApplication, User
+from tenants.filtersets import InstitutionReviewerFilterSet
+from tenants.models import (
+    InstitutionReviewer,
+    Invitation,
+    Project,
+    ProjectApplication,
+    User,
+)
 
 
 class InvitationSerializer(fields.ModelSerializer):
@@ -148,8 +159,10 @@ class ApplicationViewSet(
     KumoViewMixin,
     viewsets.GenericViewSet,
 ):
-    """Project applications: yours (operators see all). POST applies; PATCH amends a
-    returned one; ``review`` (operators) approves, returns or rejects; ``withdraw``."""
+    """Project applications: yours, and those you may review (operators: all; an
+    institutional reviewer: those of applicants with an identity at their institutions).
+    Any other answers 404 like a missing one. POST applies; PATCH amends a returned one;
+    ``review`` approves, returns or rejects (403 on your own); ``withdraw``."""
 
     serializer_class = ApplicationSerializer
     lookup_value_regex = r"[0-9]+"
@@ -157,10 +170,11 @@ class ApplicationViewSet(
     audit_object_type = "tenants.projectapplication"
 
     def get_queryset(self):
-        qs = ProjectApplication.objects.select_related("applicant", "reviewed_by", "project")
         if getattr(self, "swagger_fake_view", False):
-            return qs.none()
-        return qs if self.request.user.is_staff else qs.filter(applicant=self.request.user)
+            return ProjectApplication.objects.none()
+        return selectors.applications_visible_to(
+            self.request.user, token=self.request.auth
+        ).select_related("applicant", "reviewed_by", "project")
 
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
@@ -262,3 +276,55 @@ class OperatorUserViewSet(
     @action(detail=True, methods=["post"])
     def reactivate(self, request, username=None):
         return Response(OperatorUserSerializer(users.user_reactivate(user=self.get_object())).data)
+
+
+# --- institutional reviewers, for operators -------------------------------------------------------
+
+
+class InstitutionReviewerSerializer(fields.ModelSerializer):
+    user = fields.SlugRelatedField(
+        slug_field="username",
+        queryset=User.objects.all(),
+        help_text="The reviewer's username.",
+    )
+    issuer = fields.CharField(
+        max_length=reviewers.ISSUER_MAX,
+        validators=[RegexValidator(reviewers.ISSUER, reviewers.NOT_AN_ISSUER)],
+        help_text="The institution: its SAML IdP's entity ID, or its OIDC issuer (a URI).",
+    )
+    created_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = InstitutionReviewer
+        fields = ["id", "user", "issuer", "created_by", "created_at"]
+        read_only_fields = ["id", "created_by", "created_at"]
+        validators = []  # a pair designated already is the service's 409, not a 400
+
+
+class OperatorInstitutionReviewerViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    OperatorViewSet,
+):
+    """Institutional reviewers: each reviews the applications of applicants with an identity
+    at ``issuer`` (filters ``?user=<username>``, ``?issuer=``). POST designates (409 when the
+    pair exists), DELETE removes."""
+
+    queryset = InstitutionReviewer.objects.select_related("user", "created_by")
+    serializer_class = InstitutionReviewerSerializer
+    lookup_value_regex = r"[0-9]+"
+    audit_object_type = "tenants.institutionreviewer"
+    filterset_class = InstitutionReviewerFilterSet
+
+    def perform_create(self, serializer):
+        v = serializer.validated_data
+        serializer.instance = reviewers.reviewer_designate(
+            user=v["user"], issuer=v["issuer"], actor=self.request.user
+        )
+
+    def perform_destroy(self, instance):
+        reviewers.reviewer_remove(reviewer=instance, actor=self.request.user)

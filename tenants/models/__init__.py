@@ -2,6 +2,7 @@
 get into projects (``access``). Everything is importable from ``tenants.models``."""
 
 from tenants.models.access import (
+    InstitutionReviewer,
     Invitation,
     ProjectApplication,
     RenewalReminder,
@@ -38,6 +39,7 @@ __all__ = [
     "BudgetAlert",
     "DocumentField",
     "ExternalIdentity",
+    "InstitutionReviewer",
     "Invitation",
     "Invoice",
     "Membership",

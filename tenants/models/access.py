@@ -1,5 +1,6 @@
 """How people get into projects: invitations (by e-mail, accepted after login) and project
-applications (apply, review, approve into a project; renewals and quota increases too).
+applications (apply, review, approve into a project; renewals and quota increases too), and
+who besides operators reviews them (institutional reviewers).
 Imported by ``tenants.models`` (the package), so Django finds these models in the ``tenants``
 app."""
 
@@ -113,3 +114,27 @@ class RenewalReminder(models.Model):
 
     def __str__(self):
         return f"reminder {self.days_before} days before {self.valid_until}"
+
+
+class InstitutionReviewer(models.Model):
+    """``user`` reviews the applications of people of one institution, named by ``issuer``:
+    the entity ID of its SAML identity provider, or its OIDC issuer. An applicant is of that
+    institution when they have an ``ExternalIdentity`` with that issuer. The issuer is the
+    key because it is what a verified login proves; an organisation's name is free text the
+    IdP releases, and two institutions (or one IdP misconfigured) may release the same."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="reviews_for")
+    issuer = models.CharField(max_length=255)
+    created_by = models.ForeignKey(
+        User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["issuer", "user_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "issuer"], name="unique_institution_reviewer")
+        ]
+
+    def __str__(self):
+        return f"{self.user} reviews for {self.issuer}"

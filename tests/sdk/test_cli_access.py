@@ -1,10 +1,11 @@
-"""`kumo member invite`, `kumo invitation`, `kumo application` and `kumo user` against a real
-server."""
+"""`kumo member invite`, `kumo invitation`, `kumo application`, `kumo user` and `kumo admin
+reviewer` against a real server."""
 
 import json
 import re
 
-from tenants.models import Membership, Project
+from tenants import applications
+from tenants.models import InstitutionReviewer, Membership, Project
 from tests.factories import UserFactory
 from tests.sdk.conftest import PASSWORD, can_log_in
 
@@ -52,10 +53,15 @@ def test_operators_review_and_manage_users(server, kumo_cli, owner):
     can_log_in(operator)
     kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
     kumo_cli(
-        "application", "apply", "Ops lab", "--purpose", "p", "--slug", "ops-lab", "--gpus", "2"
+        "application", "apply", "Own lab", "--purpose", "p", "--slug", "own-lab", "--gpus", "1"
     )
-    [app] = json.loads(kumo_cli("application", "list", "--json").stdout)
-    done = kumo_cli("application", "review", str(app["id"]), "approve")
+    [own] = json.loads(kumo_cli("application", "list", "--json").stdout)
+    refused = kumo_cli("application", "review", str(own["id"]), "approve", ok=False)
+    assert refused.exit_code == 1 and "your own application" in refused.output
+    theirs = applications.application_submit(
+        applicant=owner, slug="ops-lab", title="Ops lab", purpose="p", gpus=2
+    )
+    done = kumo_cli("application", "review", str(theirs.pk), "approve")
     assert "approved (project ops-lab)" in done.stderr
     assert Project.objects.get(slug="ops-lab").quota.gpus == 2
     listed = kumo_cli("user", "list", "--q", owner.username).stdout
@@ -66,3 +72,41 @@ def test_operators_review_and_manage_users(server, kumo_cli, owner):
     kumo_cli("user", "reactivate", owner.username)
     owner.refresh_from_db()
     assert owner.is_active
+
+
+def test_operators_designate_reviewers_who_then_review(server, kumo_cli, owner):
+    issuer = "https://idp.x-univ.ac.jp/idp/shibboleth"
+    operator = can_log_in(UserFactory(is_staff=True, is_superuser=True))
+    reviewer = can_log_in(UserFactory())
+    owner.external_identities.create(kind="saml", issuer=issuer, subject="owner@x-univ.ac.jp")
+    kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
+    added = kumo_cli("admin", "reviewer", "add", reviewer.username, issuer)
+    assert f"{reviewer.username} reviews applications of people of {issuer}" in added.stderr
+    bad = kumo_cli("admin", "reviewer", "add", reviewer.username, "X University", ok=False)
+    assert bad.exit_code == 1 and "issuer" in bad.output
+    [row] = json.loads(kumo_cli("admin", "reviewer", "list", "--json").stdout)
+    assert (row["user"], row["issuer"], row["created_by"]) == (
+        reviewer.username,
+        issuer,
+        operator.username,
+    )
+    other = kumo_cli("admin", "reviewer", "list", "--issuer", "urn:other", "--json").stdout
+    assert json.loads(other) == []
+
+    theirs = applications.application_submit(
+        applicant=owner, slug="x-lab", title="X lab", purpose="p", gpus=1
+    )
+    kumo_cli("login", server.url, "--username", reviewer.username, "--password", PASSWORD)
+    [seen] = json.loads(kumo_cli("application", "list", "--json").stdout)
+    assert seen["id"] == theirs.pk
+    done = kumo_cli("application", "review", str(theirs.pk), "approve")
+    assert "approved (project x-lab)" in done.stderr
+    refused = kumo_cli("admin", "reviewer", "list", ok=False)  # reviewers are not operators
+    assert refused.exit_code == 1
+
+    kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
+    removed = kumo_cli("admin", "reviewer", "remove", reviewer.username, issuer)
+    assert "no longer reviews" in removed.stderr
+    assert not InstitutionReviewer.objects.exists()
+    gone = kumo_cli("admin", "reviewer", "remove", reviewer.username, issuer, ok=False)
+    assert gone.exit_code == 1

@@ -1,7 +1,7 @@
 """The SDK's and the CLI's newer collections against a live Kumo: SSH keys (`kumo ssh-key
 add`, so a CLI-only user can register the key `vm create` needs), members, quota, placement
 groups, budgets, webhooks, points, events and the audit trail, external connections, and the
-operators' hosts, devices, rate cards, guarantees and points."""
+operators' hosts, devices, rate cards, guarantees, points and institutional reviewers."""
 
 import json
 from decimal import Decimal
@@ -144,6 +144,26 @@ def test_operators_hosts_devices_rate_cards_guarantees_points(staff, kumo, proje
     assert limits.gpus.limit == 4 and kumo.quota.get().gpus.limit == 4
     with pytest.raises(PermissionDenied):
         list(kumo.admin.hosts.list())
+
+
+def test_operators_designate_and_remove_institutional_reviewers(staff, kumo, owner):
+    issuer = "https://idp.x-univ.ac.jp/idp/shibboleth"
+    reviewers = staff.admin.institution_reviewers
+    row = reviewers.create(owner.username, issuer)
+    assert (row.user, row.issuer) == (owner.username, issuer)
+    with pytest.raises(Conflict):
+        reviewers.create(owner.username, issuer)
+    with pytest.raises(InvalidInput) as bad:
+        reviewers.create(owner.username, "X University")
+    assert "issuer" in bad.value.details
+    assert [r.id for r in reviewers.list(user=owner.username)] == [row.id]
+    assert list(reviewers.list(issuer="urn:other")) == []
+    assert reviewers.get(row.id).issuer == issuer
+    with pytest.raises(PermissionDenied):
+        list(kumo.admin.institution_reviewers.list())
+    assert reviewers.remove(owner.username, issuer).id == row.id
+    with pytest.raises(NotFound):
+        reviewers.remove(owner.username, issuer)
 
 
 def test_shares_answer_conflict_without_a_tier(kumo):

@@ -147,6 +147,17 @@ def test_renewal_and_quota_increase(client_for, staff, project):
     assert stranger.status_code == 400 and "project" in stranger.json()["details"]
 
 
+def test_a_renewal_ends_later_than_the_project(client_for, project):
+    services.project_update(project=project, valid_until=date(2027, 3, 31))
+    ask = {"kind": "renewal", "project": project.slug, "title": "t", "purpose": "p"}
+    owner = client_for(project.owner)
+    for until in ("2027-03-31", "2026-12-31"):
+        refused = owner.post(URL, {**ask, "valid_until": until}, format="json")
+        assert refused.status_code == 400
+        assert "2027-03-31" in refused.json()["details"]["valid_until"][0]
+    assert owner.post(URL, {**ask, "valid_until": "2027-04-01"}, format="json").status_code == 201
+
+
 def test_renewal_reminders_go_once_each(django_capture_on_commit_callbacks):
     project = make_project()
     project.owner.email = "owner@uni.example.ac.jp"

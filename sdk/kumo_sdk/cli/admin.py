@@ -1,5 +1,5 @@
 """`kumo admin`: the operators' commands (staff tokens only): hosts, devices, rate cards,
-capacity guarantees."""
+capacity guarantees, institutional reviewers."""
 
 from typing import Annotated
 
@@ -8,7 +8,7 @@ import typer
 from kumo_sdk.cli import output
 from kumo_sdk.cli.common import Json, command, connect, group, show
 
-app = group("Operators only: hosts, devices, rate cards, capacity guarantees.")
+app = group("Operators only: hosts, devices, rate cards, capacity guarantees, reviewers.")
 host_app = group("The fleet's hosts.")
 device_app = group("The hosts' PCI devices (GPUs, RDMA functions).")
 rate_app = group("Rate card versions.")
@@ -16,7 +16,11 @@ guarantee_app = group("Projects' guaranteed GPU minimums.")
 app.add_typer(host_app, name="host")
 app.add_typer(device_app, name="device")
 app.add_typer(rate_app, name="rate-card")
+reviewer_app = group(
+    "Institutional reviewers: who reviews the applications of one institution's people."
+)
 app.add_typer(guarantee_app, name="guarantee")
+app.add_typer(reviewer_app, name="reviewer")
 
 
 @command(host_app, "list")
@@ -154,3 +158,51 @@ def lease_calendar(
             x.state,
         ],
     )
+
+
+ISSUER_HELP = (
+    "The institution's IdP entity ID or OIDC issuer, e.g. "
+    "https://idp.example.ac.jp/idp/shibboleth (not its name)."
+)
+
+
+@command(reviewer_app, "list")
+def reviewer_list(
+    ctx: typer.Context,
+    user: Annotated[str | None, typer.Option(help="Only this user's designations.")] = None,
+    issuer: Annotated[str | None, typer.Option(help="Only this institution's reviewers.")] = None,
+    json: Json = False,
+) -> None:
+    """Institutional reviewers and the issuer each reviews for."""
+    with connect(ctx) as kumo:
+        rows = list(kumo.admin.institution_reviewers.list(user=user, issuer=issuer))
+    show(
+        rows,
+        json,
+        ["ID", "USER", "ISSUER", "BY", "SINCE"],
+        lambda r: [r.id, r.user, r.issuer, r.created_by, r.created_at],
+    )
+
+
+@command(reviewer_app, "add")
+def reviewer_add(
+    ctx: typer.Context,
+    username: str,
+    issuer: Annotated[str, typer.Argument(help=ISSUER_HELP)],
+) -> None:
+    """Let USERNAME review the applications of people who log in at ISSUER."""
+    with connect(ctx) as kumo:
+        row = kumo.admin.institution_reviewers.create(username, issuer)
+    output.note(f"{row.user} reviews applications of people of {row.issuer}.")
+
+
+@command(reviewer_app, "remove")
+def reviewer_remove(
+    ctx: typer.Context,
+    username: str,
+    issuer: Annotated[str, typer.Argument(help=ISSUER_HELP)],
+) -> None:
+    """End USERNAME's reviewing for ISSUER (decisions made stay)."""
+    with connect(ctx) as kumo:
+        row = kumo.admin.institution_reviewers.remove(username, issuer)
+    output.note(f"{row.user} no longer reviews for {row.issuer}.")

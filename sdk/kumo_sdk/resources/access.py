@@ -1,11 +1,11 @@
-"""Invitations (project admins), applications (anyone; operators review), users
-(operators)."""
+"""Invitations (project admins), applications (anyone; operators and institutional
+reviewers review), users and institutional reviewers (operators)."""
 
 from __future__ import annotations
 
-from kumo_sdk.resource import CREATE, DELETE, READ, UPDATE, Resource
+from kumo_sdk.resource import CREATE, DELETE, READ, UPDATE, Resource, missing
 from kumo_sdk.types import decode
-from kumo_sdk.types.access import Application, Invitation, OperatorUser
+from kumo_sdk.types.access import Application, InstitutionReviewer, Invitation, OperatorUser
 
 
 class Invitations(Resource[Invitation]):
@@ -27,7 +27,8 @@ class Invitations(Resource[Invitation]):
 class Applications(Resource[Application]):
     """``create(title=..., purpose=..., slug=..., gpus=..., ...)`` applies (``kind`` new,
     renewal or quota); ``update(id, ...)`` amends a returned one; ``review(id, decision,
-    comment)`` for operators; ``withdraw(id)``."""
+    comment)`` for operators and institutional reviewers; ``withdraw(id)``. ``list()``
+    gives your own and those you may review."""
 
     path, type, find_by, create_args = "applications/", Application, "title", ()
     project_scoped = False
@@ -60,3 +61,28 @@ class Users(Resource[OperatorUser]):
 
     def reactivate(self, username: str) -> OperatorUser:
         return decode(OperatorUser, self._action(username, "reactivate"))
+
+
+class InstitutionReviewers(Resource[InstitutionReviewer]):
+    """Institutional reviewers (operators): ``create(username, issuer)`` designates a user
+    as the reviewer of the applicants with an identity at ``issuer`` (the IdP's entity ID or
+    the OIDC issuer); ``list(user=..., issuer=...)``; ``delete(id)`` or ``remove(username,
+    issuer)`` ends it."""
+
+    path, type, find_by, create_args = (
+        "admin/institution-reviewers/",
+        InstitutionReviewer,
+        None,
+        ("user", "issuer"),
+    )
+    project_scoped = False
+    verbs = READ | {CREATE, DELETE}
+    noun = "institutional reviewer"
+
+    def remove(self, username: str, issuer: str) -> InstitutionReviewer:
+        """End ``username``'s designation for ``issuer``; the row removed (``NotFound``
+        when there is none)."""
+        for row in self.list(user=username, issuer=issuer):
+            self.delete(row.id)
+            return row
+        raise missing(self._noun(), f"{username} for {issuer}", None)

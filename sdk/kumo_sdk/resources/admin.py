@@ -16,7 +16,7 @@ from kumo_sdk.resource import (
     Resource,
     bind,
 )
-from kumo_sdk.resources.access import Users
+from kumo_sdk.resources.access import InstitutionReviewers, Users
 from kumo_sdk.resources.operations import Operations
 from kumo_sdk.types import (
     AuditEvent,
@@ -257,3 +257,4 @@ class Admin(Namespace):
     operations = bind(AdminOperations)
     audit_events = bind(AdminAuditEvents)
     users = bind(Users)
+    institution_reviewers = bind(InstitutionReviewers)

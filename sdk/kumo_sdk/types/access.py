@@ -1,4 +1,5 @@
-"""Invitations, project applications, and users as operators see them."""
+"""Invitations, project applications, users as operators see them, and institutional
+reviewers."""
 
 from __future__ import annotations
 
@@ -77,4 +78,17 @@ class OperatorUser:
     date_joined: datetime | None = None
     last_login: datetime | None = None
     identities: list[Identity] = dataclasses.field(default_factory=list)
+    raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class InstitutionReviewer:
+    """``user`` reviews the applications of applicants with an identity at ``issuer`` (an
+    IdP's entity ID or an OIDC issuer)."""
+
+    id: int = 0
+    user: str = ""
+    issuer: str = ""
+    created_by: str | None = None
+    created_at: datetime | None = None
     raw: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
