@@ -11,7 +11,7 @@ HOLDING = [LeaseState.SCHEDULED, LeaseState.PREPARING, LeaseState.ACTIVE]
 
 def placement_refusal(vm: VirtualMachine) -> str:
     """Why ``vm`` (in a lease) cannot be placed now; empty when its lease is active."""
-    lease = vm.lease
+    lease = Lease.objects.get(pk=vm.lease_id)  # as it is now, not as the VM was loaded
     if lease.state in (LeaseState.SCHEDULED, LeaseState.PREPARING):
         return f"waits for its lease {lease.name} to start at {lease.starts_at.isoformat()}"
     if lease.state != LeaseState.ACTIVE:
@@ -25,6 +25,7 @@ def check_vm_lease(*, project, lease: Lease | None, template, priority: str) -> 
         return
     if lease.project_id != project.pk:
         raise InvalidInput.field("lease", "no such lease in this project")
+    lease.refresh_from_db(fields=["state"])
     if lease.state not in HOLDING:
         raise InvalidInput.field("lease", f"lease {lease.name} is {lease.state}")
     if priority != Priority.ON_DEMAND:

@@ -1,5 +1,12 @@
 """The replay: a job trace through Kumo's own services on a simulated fleet, in virtual time.
 
+Leases (``leases``: project, GPUs, start and end in trace seconds) are admitted at the
+start through ``lease_create``; ``leases_tick`` runs when one is due (its lead before the
+start, its start, its lead before the end, its end). An on-demand job of a lease's project
+submitted while the lease holds, and that fits it, runs in it; at the lease's end its VMs
+are shelved and their jobs end with it. ``leases_honoured`` is the share of samples at
+which every active lease held all its GPUs.
+
 What is real and what is simulated:
 
 - **Real**: every decision and every write. Jobs become VMs through ``vm_create`` (quota,
@@ -70,6 +77,8 @@ class Metrics:
     full_notice: int = 0
     guarantee_samples: int = 0
     guarantee_ok: int = 0
+    lease_samples: int = 0
+    lease_ok: int = 0
     series: list = field(default_factory=list)  # (t, on-demand GPUs, spot GPUs)
 
 
@@ -86,6 +95,7 @@ class Replay:
         stop_s: float = 10.0,
         notice_s: int = 30,
         guarantees: dict[str, int] | None = None,
+        leases: list[dict] | None = None,
         sample_s: float = 600.0,
         schedule_limit: int = 30,
         progress=None,
@@ -96,6 +106,8 @@ class Replay:
         self.gpu_hosts, self.cpu_hosts = gpu_hosts, cpu_hosts
         self.boot_s, self.stop_s, self.notice_s = boot_s, stop_s, notice_s
         self.guarantees = guarantees or {}
+        self.lease_plans = leases or []
+        self.leases: dict[str, list] = {}  # project slug -> its Lease rows
         self.sample_s = sample_s
         self.progress = progress or (lambda message: None)
         self.now_s = 0.0
@@ -242,12 +254,14 @@ class Replay:
         owner = User.objects.create(username="replay")
         big = {"vms": 10**6, "vcpus": 10**8, "memory_gib": 10**9, "gpus": 10**6}
         self.projects = {}
-        for slug in sorted({j.project for j in self.jobs} | set(self.guarantees)):
+        lessees = {plan["project"] for plan in self.lease_plans}
+        for slug in sorted({j.project for j in self.jobs} | set(self.guarantees) | lessees):
             self.projects[slug] = tenants.project_create(
                 slug=slug, name=slug, owner=owner, quota=big
             )
         for slug, gpus in self.guarantees.items():
             compute.guarantee_set(project=self.projects[slug], min_gpus=gpus)
+        self._plan_leases()
         self.image = compute.image_create(
             name="replay",
             os_distro="ubuntu",
@@ -270,6 +284,37 @@ class Replay:
                     disk_gib=40,
                     eviction_notice_s=self.notice_s,
                 )
+
+    def _plan_leases(self) -> None:
+        from django.conf import settings
+
+        from compute import services as compute
+
+        lead = settings.LEASE_LEAD_S
+        for n, plan in enumerate(self.lease_plans):
+            start, end = plan["start_s"], plan["end_s"]
+            lease = compute.lease_create(
+                project=self.projects[plan["project"]],
+                name=f"lease-{n}",
+                gpus=plan["gpus"],
+                starts_at=EPOCH + timedelta(seconds=start),
+                ends_at=EPOCH + timedelta(seconds=end),
+            )
+            self.leases.setdefault(plan["project"], []).append(lease)
+            for t in (start - lead, start, end - lead, end):
+                self._at(max(0.0, t), "lease_tick")
+
+    def _lease_for(self, job: Job):
+        """The lease of ``job``'s project it runs in, if one holds now and fits it."""
+        if job.priority != "on_demand" or not job.gpus:
+            return None
+        for lease in self.leases.get(job.project, ()):
+            start = (lease.starts_at - EPOCH).total_seconds()
+            end = (lease.ends_at - EPOCH).total_seconds()
+            fits = job.gpus <= lease.gpus and job.gpu_model in ("", lease.gpu_model)
+            if fits and start <= self.now_s < end:
+                return lease
+        return None
 
     def run(self) -> dict:
         from unittest import mock
@@ -324,11 +369,19 @@ class Replay:
             template=self.templates[(job.gpus, job.gpu_model, job.vcpus, job.memory_gib)],
             image=self.image,
             priority=job.priority,
+            lease=self._lease_for(job),
         )
         record = _Vm(job=job, vm_id=str(vm.pk))
         self.vms[record.vm_id] = record
         if job.gpus:
             self.pending[record.vm_id] = job.gpus
+        self._after_decisions()
+
+    def _on_lease_tick(self) -> None:
+        from compute import services as compute
+
+        compute.leases_tick(now=self.now())
+        compute.vm_schedule_pending(limit=self.schedule_limit)
         self._after_decisions()
 
     def _on_reap(self) -> None:
@@ -367,6 +420,10 @@ class Replay:
         if state == VmState.RUNNING and not record.working and record.claimed:
             self._work_started(record)
         elif state == VmState.DELETED:
+            self._released(record)
+            freed = True
+        elif state == VmState.SHELVED:  # its lease ended: the job ends with it
+            self._work_stopped(record)
             self._released(record)
             freed = True
         if record.job.priority == "spot":
@@ -437,6 +494,23 @@ class Replay:
             taken = sum(used.values())
             self.m.guarantee_samples += 1
             self.m.guarantee_ok += taken + headroom <= self.m.gpus_total
+        self._sample_leases()
+
+    def _sample_leases(self) -> None:
+        """Every active lease holds all its GPUs."""
+        from django.db.models import Count
+
+        from compute.choices import LeaseState
+        from compute.models import Lease
+
+        active = list(
+            Lease.objects.filter(state=LeaseState.ACTIVE)
+            .annotate(held=Count("devices"))
+            .values_list("gpus", "held")
+        )
+        if active:
+            self.m.lease_samples += 1
+            self.m.lease_ok += all(held >= gpus for gpus, held in active)
 
     def _figures(self, wall_s: float) -> dict:
         m = self.m
@@ -470,7 +544,7 @@ class Replay:
             "guarantees_honoured": round(m.guarantee_ok / m.guarantee_samples, 4)
             if m.guarantee_samples
             else None,
-            "leases_honoured": None,  # leases are not built yet: nothing to honour
+            "leases_honoured": round(m.lease_ok / m.lease_samples, 4) if m.lease_samples else None,
             "wall_s": round(wall_s, 1),
             "simulated_days_per_wall_minute": round(days / (wall_s / 60), 2) if wall_s else None,
         }

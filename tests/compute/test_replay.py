@@ -1,12 +1,12 @@
 """A short replay (a quarter of a day on two hosts, a few dozen jobs: the services run
 at a few hundred ms a job on the shared machine) through the real services in virtual time:
 its figures are consistent (GPU-hours add up to the capacity, every eviction had its full
-notice, the guarantee was honoured) and the trace format is checked line by line."""
+notice, the guarantee and the lease were honoured) and the trace format is checked line by line."""
 
 import json
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from compute.replay import trace as traces
 from compute.replay.sim import Replay
@@ -20,7 +20,8 @@ def test_a_day_replays_with_figures_that_add_up(tmp_path):
                         cpu_jobs_per_day=8, projects=4, seed=3)  # fmt: skip
     jobs = traces.read_trace(path)
     assert len(jobs) == n and 10 <= n <= 120
-    replay = Replay(jobs, gpu_hosts=2, cpu_hosts=1, guarantees={"p01": 4})
+    lease = {"project": "p02", "gpus": 4, "start_s": 3600.0, "end_s": 3 * 3600.0}
+    replay = Replay(jobs, gpu_hosts=2, cpu_hosts=1, guarantees={"p01": 4}, leases=[lease])
     figures = replay.run()
     assert figures["jobs"] == n and figures["simulated_days"] >= 0.2
     parts = (
@@ -35,6 +36,10 @@ def test_a_day_replays_with_figures_that_add_up(tmp_path):
     assert figures["spot_gpu_h"] > 0 and figures["on_demand_gpu_h"] > 0
     assert figures["evictions_full_notice"] == 1.0  # of those there were (the next test has one)
     assert figures["guarantees_honoured"] == 1.0
+    assert figures["leases_honoured"] == 1.0  # sampled while it was active
+    from compute.models import Lease
+
+    assert Lease.objects.get().state == "ended"
     assert 0 < figures["goodput"] <= 1
     plot = tmp_path / "alloc.png"
     replay.plot(str(plot))
@@ -66,3 +71,22 @@ def test_the_command_replays_on_a_throwaway_database(tmp_path, capsys):
     assert figures["evictions_full_notice"] == 1.0
     assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1  # the notice, then the stop
     assert not Host.objects.exists()  # it ran elsewhere
+
+
+def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_path, capsys):
+    path = tmp_path / "lease.csv"
+    path.write_text(
+        "submit_s,duration_s,gpus,gpu_model,priority,project\n"
+        "0,20000,8,A100-SXM4-40GB,spot,lab-a\n"
+        "7300,600,8,A100-SXM4-40GB,on_demand,lab-c\n"
+    )
+    call_command(
+        "replay", str(path), "--gpu-hosts", "1", "--cpu-hosts", "0",
+        "--lease", "lab-c=8@7200-10800",
+    )  # fmt: skip
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["evictions"] == 1 and figures["evictions_full_notice"] == 1.0
+    assert figures["leases_honoured"] == 1.0
+    assert figures["on_demand_wait_p99_s"] == 0.0  # its lease's GPUs were free at its submit
+    with pytest.raises(CommandError, match="PROJECT=GPUS@START_S-END_S"):
+        call_command("replay", str(path), "--lease", "lab-c=eight")

@@ -36,6 +36,13 @@ class Command(BaseCommand):
             metavar="PROJECT=GPUS",
             help="a guaranteed minimum of GPUs for a project of the trace (repeatable)",
         )
+        parser.add_argument(
+            "--lease",
+            action="append",
+            default=[],
+            metavar="PROJECT=GPUS@START_S-END_S",
+            help="a lease of GPUs for a project, in trace seconds (repeatable)",
+        )
         parser.add_argument("--plot", default="", help="write the allocation plot here (PNG)")
         parser.add_argument(
             "--generate",
@@ -62,8 +69,10 @@ class Command(BaseCommand):
             if not gpus.isdigit():
                 raise CommandError(f"--guarantee {item!r}: expected PROJECT=GPUS")
             guarantees[project] = int(gpus)
+        leases = [_lease(item) for item in opts["lease"]]
         replay = Replay(
             jobs,
+            leases=leases,
             gpu_hosts=opts["gpu_hosts"],
             cpu_hosts=opts["cpu_hosts"],
             notice_s=opts["notice_s"],
@@ -77,3 +86,17 @@ class Command(BaseCommand):
         if opts["plot"]:
             replay.plot(opts["plot"])
         sys.stdout.write(json.dumps(figures, sort_keys=True) + "\n")
+
+
+def _lease(item: str) -> dict:
+    """``PROJECT=GPUS@START_S-END_S`` as the replay's lease plan."""
+    project, _, rest = item.partition("=")
+    gpus, _, period = rest.partition("@")
+    start, _, end = period.partition("-")
+    try:
+        plan = {"project": project, "gpus": int(gpus), "start_s": float(start), "end_s": float(end)}
+    except ValueError:
+        raise CommandError(f"--lease {item!r}: expected PROJECT=GPUS@START_S-END_S") from None
+    if not project or plan["end_s"] <= plan["start_s"]:
+        raise CommandError(f"--lease {item!r}: name a project and end after the start")
+    return plan
