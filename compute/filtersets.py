@@ -11,6 +11,7 @@ from compute.choices import (
 )
 from compute.models import Device, Host, Image, Lease, Template, VirtualMachine
 from controlplane.api.filters import StrictBooleanFilter
+from controlplane.filtersets import UTCDateTimeFilter
 
 
 class HostFilterSet(django_filters.FilterSet):
@@ -71,8 +72,8 @@ class LeaseFilterSet(django_filters.FilterSet):
     it."""
 
     state = django_filters.MultipleChoiceFilter(choices=LeaseState.choices)
-    ends_after = django_filters.IsoDateTimeFilter(field_name="ends_at", lookup_expr="gt")
-    starts_before = django_filters.IsoDateTimeFilter(field_name="starts_at", lookup_expr="lt")
+    ends_after = UTCDateTimeFilter(field_name="ends_at", lookup_expr="gt")
+    starts_before = UTCDateTimeFilter(field_name="starts_at", lookup_expr="lt")
     project = django_filters.CharFilter(field_name="project__slug")
 
     class Meta:

@@ -109,7 +109,11 @@ NOT_IN_SCHEMA = {
         "placement_group",
         "priority",
         "nics",
+        "lease",
     },
+    # A lease: not in the past, its end after its start and within the longest lease, a GPU
+    # model the fleet has.
+    "POST /api/v1/projects/{project_slug}/leases/": {"starts_at", "ends_at", "gpu_model"},
     # Network: names of the project's objects, and addresses against CIDRs (an IPv4
     # network without host bits, a gateway and pool inside it, no overlap).
     "POST /api/v1/admin/global-ip-pools/": {"cidr", "gateway_ip", "pool_start", "pool_end"},

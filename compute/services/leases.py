@@ -10,7 +10,10 @@ What a lease holds, and when:
   while today's on-demand use lasts). Decided under the same transaction locks as
   guarantees and on-demand admission (``compute.guarantees``), so two admissions never
   both count on the same GPU; from then on, on-demand VMs of every project are admitted
-  only while they leave room for the leases to come.
+  only while they leave room for the leases to come. (On-demand admission takes that lock
+  only once some lease or guarantee of the model exists: an on-demand claim in flight
+  while the very first one is admitted is not counted by it. If that leaves the lease
+  short when it takes hold of its GPUs, ``lease.at_risk`` says so.)
 - **Preparing** (``KUMO_LEASE_LEAD_S`` before its start, ``leases_tick``): it takes hold of
   real GPUs, free ones first, then ones spot VMs use. Each held GPU is a
   ``LeaseAllocation`` row over the lease's period (on PostgreSQL an exclusion constraint

@@ -224,6 +224,8 @@ def cloud(fabric, tmp_path):
         # Under the instances folder: the resolvers' dnsmasq re-reads its names as nobody.
         KUMO_VAR_DIR=str(instances / "var"),
         KUMO_INSTANCES_DIR=str(instances),
+        # Shelved disks where QEMU (libvirt-qemu) can boot them again.
+        KUMO_SHELVE_STORE=str(instances / "shelved"),
         # Volumes in pools QEMU (libvirt-qemu) can reach, under the instances folder.
         KUMO_STORAGE_POOLS=",".join(
             f"{pool}=dir:{instances / 'pools' / pool}" for pool in POOLS.values()
@@ -663,4 +665,27 @@ def test_a_real_guest_boots_through_the_api_and_is_reached_over_ssh(cloud):
         lambda: outside.run(f"test -e {disk}", check=False).returncode != 0,
         timeout=120, what=f"{disk} gone from lab-vm", fleet=fleet,
     )  # fmt: skip
+
+    # Shelved, lab-vm holds nothing; unshelved, it boots its kept disk: what it wrote before
+    # is there, on a new boot.
+    outside.run("echo kept-across-shelve > ~/kept.txt && sync")
+    before = outside.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    r = api.post(f"{urls['lab-vm']}shelve/")
+    assert r.status_code == 202, r.text
+    shelved = wait_for(
+        lambda: _state(api, urls["lab-vm"], "shelved"),
+        timeout=240, what="lab-vm shelved", fleet=fleet,
+    )  # fmt: skip
+    assert shelved["host"] is None
+    assert (cloud["instances"] / "shelved" / f"{vms['lab-vm']['id']}.qcow2").exists()
+    r = api.post(f"{urls['lab-vm']}unshelve/")
+    assert r.status_code == 202, r.text
+    back = wait_for(
+        lambda: _state(api, urls["lab-vm"], "running", "error"),
+        timeout=180, what="lab-vm unshelved and started", fleet=fleet,
+    )  # fmt: skip
+    assert back["state"] == "running" and back["host"] == REAL, back
+    outside.wait(BOOT_TIMEOUT_S)
+    assert outside.run("cat ~/kept.txt").stdout.strip() == "kept-across-shelve"
+    assert outside.run("cat /proc/sys/kernel/random/boot_id").stdout.strip() != before
     print(f"real guest: boot to SSH {boot_s:.1f} s after the port forward")
