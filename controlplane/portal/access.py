@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
+from django.http import Http404
 from django.shortcuts import render
 
 from controlplane import audit
@@ -53,6 +54,12 @@ def _run(view, request, project, *args, **kwargs):
         if project is None:
             return view(request, *args, **kwargs)
         return view(request, project, *args, **kwargs)
+    except Http404:
+        # A write aimed at nothing (or at another project's object) is a denied write, as
+        # in the API; the answer stays the plain 404 page.
+        if request.method not in SAFE_METHODS:
+            record_refusal(404, "not_found", "Not found.", details={"path": [request.path]})
+        raise
     finally:
         _page.reset(token)
 

@@ -120,3 +120,21 @@ def test_the_audit_page_keeps_its_filters_across_pages(login, project, users_by_
             audit.record("test.thing", project=project, object_repr=f"thing-{n}")
     html = client.get(url("audit", project), {"user": project.owner.username}).content.decode()
     assert f"user={project.owner.username}" in html
+
+
+def test_a_write_at_another_projects_object_is_audited_as_denied(
+    login, project, other_project, users_by_role
+):
+    theirs = make_network(other_project, "theirs", cidr="10.5.0.0/24")
+    member = users_by_role[Role.MEMBER]
+    response = login(member).post(url("network-delete", project, pk=theirs.pk))
+    assert response.status_code == 404
+    assert Network.objects.filter(pk=theirs.pk).exists()
+    event = AuditEvent.objects.for_project(project).get(outcome=AuditOutcome.DENIED)
+    assert event.action == "portal.network_delete"
+    assert event.actor == member
+    assert event.detail["status"] == 404
+    assert not AuditEvent.objects.for_project(other_project).filter(actor=member).exists()
+    # a read of nothing is not a write: nothing recorded
+    login(member).get(url("network-detail", project, pk=theirs.pk))
+    assert AuditEvent.objects.for_project(project).filter(outcome=AuditOutcome.DENIED).count() == 1
