@@ -9,7 +9,7 @@ from compute.choices import HostState, Priority
 from compute.models import Image, Template
 from controlplane.validators import hostname_validator
 from network.choices import ConnectionKind, Direction, ForwardProtocol, Protocol
-from network.models import GlobalIp, Network, Port
+from network.models import GlobalIp, Network, Port, SecurityGroup
 from storage.choices import VolumeTier
 from storage.models import bucket_name_validator
 from tenants.choices import BudgetPolicy, Role
@@ -130,12 +130,30 @@ class PortCreateForm(forms.Form):
     fixed_ip = forms.GenericIPAddressField(
         protocol="IPv4", required=False, label="Fixed IP", help_text="Default: the next free one."
     )
+    security_groups = forms.ModelMultipleChoiceField(
+        queryset=SecurityGroup.objects.none(),
+        required=False,
+        to_field_name="name",
+        widget=forms.CheckboxSelectMultiple,
+        label="Security groups",
+        help_text="None ticked: the project's default group.",
+    )
     port_security = forms.BooleanField(
         required=False, initial=True, label="Port security (security groups apply)"
     )
 
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
+            project
+        ).order_by("name")
+
     def clean_fixed_ip(self):
         return self.cleaned_data["fixed_ip"] or ""
+
+    def clean_security_groups(self):
+        groups = self.cleaned_data["security_groups"]
+        return [g.name for g in groups] or None  # the service's None: the default group
 
 
 class OutboundForm(forms.Form):

@@ -58,6 +58,7 @@ project_urls = [
     path("global-ips/<int:pk>/release/", network.global_ip_release, name="global-ip-release"),
     path("port-forwards/<int:pk>/delete/", network.port_forward_delete, name="port-forward-delete"),
     path("networks/<uuid:pk>/", network.network_detail, name="network-detail"),
+    path("subnets/<int:pk>/delete/", network.subnet_delete, name="subnet-delete"),
     path("ports/<uuid:pk>/delete/", network.port_delete, name="port-delete"),
     path(
         "global-ips/<int:pk>/disassociate/",

@@ -68,6 +68,7 @@ def test_a_member_adds_a_subnet(login, project, users_by_role, net):
         ({"form": "subnet", "cidr": "10.1.2.0/24", "dns_servers": "dns.example"}, "dns_servers"),
         ({"form": "port", "fixed_ip": "10.9.9.9"}, "fixed_ip"),
         ({"form": "port", "fixed_ip": "nope"}, "fixed_ip"),
+        ({"form": "port", "security_groups": ["no-such-group"]}, "security_groups"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(login, project, users_by_role, net, data, field):
@@ -98,6 +99,31 @@ def test_a_member_creates_and_deletes_a_port(login, project, users_by_role, net)
     response = client.post(url("port-delete", project, pk=port.pk))
     assert response.status_code == 302
     assert not Port.objects.filter(pk=port.pk).exists()
+
+
+def test_a_port_takes_the_groups_ticked(login, project, users_by_role, net):
+    web = network.security_group_create(project=project, name="web")
+    response = login(users_by_role[Role.MEMBER]).post(
+        url("network-detail", project, pk=net.pk),
+        {"form": "port", "name": "front", "security_groups": ["web"], "port_security": "on"},
+    )
+    assert response.status_code == 302
+    assert list(Port.objects.get(name="front").security_groups.all()) == [web]
+
+
+def test_a_member_removes_a_subnet_unless_in_use(login, project, users_by_role, net):
+    client = login(users_by_role[Role.MEMBER])
+    spare = network.subnet_create(network=net, cidr="10.1.1.0/24")
+    assert client.post(url("subnet-delete", project, pk=spare.pk)).status_code == 302
+    assert not Subnet.objects.filter(pk=spare.pk).exists()
+    assert audited(project, "subnet.delete").exists()
+    used = Subnet.objects.get(network=net)
+    network.port_create(network=net)
+    response = client.post(url("subnet-delete", project, pk=used.pk), follow=True)
+    assert "in use" in response.content.decode()
+    assert Subnet.objects.filter(pk=used.pk).exists()
+    refusal = AuditEvent.objects.for_project(project).get(outcome=AuditOutcome.FAILED)
+    assert refusal.action == "portal.subnet_delete" and refusal.detail["status"] == 409
 
 
 def test_a_member_sets_outbound_access(login, project, users_by_role, net):

@@ -87,7 +87,7 @@ def subnet_dns(request, project, pk):
     )
 
 
-NETWORK_FORMS = {"subnet": SubnetForm, "port": PortCreateForm, "outbound": OutboundForm}
+NETWORK_FORMS = ("subnet", "port", "outbound")
 
 
 @project_page()
@@ -96,10 +96,13 @@ def network_detail(request, project, pk):
     belongs to no VM), outbound access (SNAT) and the DNS servers its guests are told."""
     network = get_object_or_404(Network.objects.for_project(project), pk=pk)
     which = request.POST.get("form") if request.method == "POST" else None
-    initial = {"outbound": {"external_access": network.external_access}}
+    data = {name: request.POST if which == name else None for name in NETWORK_FORMS}
     forms = {
-        name: cls(request.POST if which == name else None, initial=initial.get(name))
-        for name, cls in NETWORK_FORMS.items()
+        "subnet": SubnetForm(data["subnet"]),
+        "port": PortCreateForm(data["port"], project=project),
+        "outbound": OutboundForm(
+            data["outbound"], initial={"external_access": network.external_access}
+        ),
     }
     status = 200
     if which in forms:
@@ -146,6 +149,22 @@ def network_detail(request, project, pk):
         },
         project=project,
         status=status,
+    )
+
+
+@require_POST
+@project_page()
+def subnet_delete(request, project, pk):
+    """Remove a subnet none of whose addresses is in use (409 otherwise)."""
+    subnet = get_object_or_404(Subnet.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.subnet_delete,
+        done=f"Subnet {subnet.cidr} removed.",
+        back=reverse(
+            "portal:network-detail", kwargs={"slug": project.slug, "pk": subnet.network_id}
+        ),
+        subnet=subnet,
     )
 
 
