@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import render
 
@@ -76,15 +77,19 @@ def record_refusal(
         return
     detail = {"status": status, "code": code, "message": message}
     if details:
-        detail["details"] = {k: [str(r) for r in v] for k, v in details.items()}
+        detail["details"] = {
+            str(k): [str(r) for r in v] if isinstance(v, list | tuple) else [str(v)]
+            for k, v in details.items()
+        }
     try:
-        audit.record(
-            ctx.action,
-            obj,
-            project=ctx.project,
-            outcome=AuditOutcome.DENIED if status in (403, 404) else AuditOutcome.FAILED,
-            detail=detail,
-        )
+        with transaction.atomic():  # a savepoint: a failure here leaves the request's alone
+            audit.record(
+                ctx.action,
+                obj,
+                project=ctx.project,
+                outcome=AuditOutcome.DENIED if status in (403, 404) else AuditOutcome.FAILED,
+                detail=detail,
+            )
     except Exception:
         log.exception("could not audit a refused %s", ctx.action)
 
