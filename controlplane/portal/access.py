@@ -8,11 +8,20 @@ The same rules as the API (``controlplane.api.viewsets``), applied once here:
   answers the 403 page naming the role needed, and is audited as denied.
 - ``staff_page``: operators only; anyone else gets the 404 page.
 - ``form_error`` puts a service's ``KumoError`` on a form, under the field it names.
+- ``record_refusal``: a write the portal refused (bad input 400, a conflict 409, …) is
+  audited like the API's refused writes (``controlplane.api.errors``): action
+  ``portal.<view>``, outcome ``failed`` (``denied`` for 403/404), detail ``{status, code,
+  message}``, in the page's project.
 """
 
+import contextvars
+import logging
+from dataclasses import dataclass
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import Http404
 from django.shortcuts import render
 
 from controlplane import audit
@@ -22,6 +31,67 @@ from tenants.choices import Role
 from tenants.selectors import membership_for
 
 SAFE_METHODS = ("GET", "HEAD")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PageContext:
+    """What a refusal on the current page is recorded under."""
+
+    action: str
+    project: object | None = None
+
+
+_page: contextvars.ContextVar[PageContext | None] = contextvars.ContextVar(
+    "kumo_portal_page", default=None
+)
+
+
+def _run(view, request, project, *args, **kwargs):
+    """Call ``view`` with the page context set (so ``record_refusal`` knows the page)."""
+    token = _page.set(PageContext(action=f"portal.{view.__name__}", project=project))
+    try:
+        if project is None:
+            return view(request, *args, **kwargs)
+        return view(request, project, *args, **kwargs)
+    except Http404:
+        # A write aimed at nothing (or at another project's object) is a denied write, as
+        # in the API; the answer stays the plain 404 page.
+        if request.method not in SAFE_METHODS:
+            record_refusal(404, "not_found", "Not found.", details={"path": [request.path]})
+        raise
+    finally:
+        _page.reset(token)
+
+
+def record_refusal(
+    status: int, code: str, message: str, *, obj=None, details: dict | None = None
+) -> None:
+    """Audit a write the current page refused, the way the API audits its refusals.
+
+    Outside a page (no context) nothing is recorded. Never raises: auditing a refusal must
+    not turn a 4xx into a 500."""
+    ctx = _page.get()
+    if ctx is None:
+        return
+    detail = {"status": status, "code": code, "message": message}
+    if details:
+        detail["details"] = {
+            str(k): [str(r) for r in v] if isinstance(v, list | tuple) else [str(v)]
+            for k, v in details.items()
+        }
+    try:
+        with transaction.atomic():  # a savepoint: a failure here leaves the request's alone
+            audit.record(
+                ctx.action,
+                obj,
+                project=ctx.project,
+                outcome=AuditOutcome.DENIED if status in (403, 404) else AuditOutcome.FAILED,
+                detail=detail,
+            )
+    except Exception:
+        log.exception("could not audit a refused %s", ctx.action)
 
 
 def refuse(request, status: int, message: str):
@@ -58,7 +128,7 @@ def project_page(write_role: str = Role.MEMBER):
                     detail={"status": 403, "path": request.path, "message": message},
                 )
                 return refuse(request, 403, message)
-            return view(request, membership.project, *args, **kwargs)
+            return _run(view, request, membership.project, *args, **kwargs)
 
         return wrapper
 
@@ -73,7 +143,7 @@ def staff_page(view):
     def wrapper(request, *args, **kwargs):
         if not request.user.is_staff:
             return refuse(request, 404, "There is no such page.")
-        return view(request, *args, **kwargs)
+        return _run(view, request, None, *args, **kwargs)
 
     return wrapper
 
@@ -89,4 +159,21 @@ def form_error(form, error: KumoError) -> int:
     form has, else at the top of the form. Returns the HTTP status to answer with."""
     field = next((name for name in error.details if name in form.fields), None)
     form.add_error(field, error.message)
+    record_refusal(error.status, error.code, error.message, details=error.details)
     return error.status
+
+
+def form_invalid(form) -> int:
+    """Audit a form refused as invalid input (400): the first field and its reason in the
+    message, every field's reasons in the details. Returns 400."""
+    errors = form.errors.get_json_data()
+    field, reasons = next(iter(errors.items()), ("__all__", [{"message": "Invalid input."}]))
+    label = form[field].label if field in form.fields else ""
+    reason = reasons[0]["message"] if reasons else "Invalid input."
+    record_refusal(
+        400,
+        "invalid",
+        f"{label}: {reason}" if label else reason,
+        details={name: [r["message"] for r in rs] for name, rs in errors.items()},
+    )
+    return 400

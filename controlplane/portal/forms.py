@@ -8,12 +8,12 @@ from django import forms
 from compute.choices import HostState, Priority
 from compute.models import Image, Template
 from controlplane.validators import hostname_validator
-from network.choices import Direction, ForwardProtocol, Protocol
-from network.models import GlobalIp, Network, Port
+from network.choices import ConnectionKind, Direction, ForwardProtocol, Protocol
+from network.models import GlobalIp, Network, Port, SecurityGroup
 from storage.choices import VolumeTier
 from storage.models import bucket_name_validator
 from tenants.choices import BudgetPolicy, Role
-from tenants.models import SSHKey
+from tenants.models import Quota, SSHKey
 
 NAME_HELP = "Lower-case letters, digits and hyphens."
 
@@ -103,6 +103,158 @@ class PortForwardForm(forms.Form):
 def _port_label(port: Port) -> str:
     addresses = ", ".join(ip.address for ip in port.fixed_ips.all()) or "no address"
     return f"{port.vm.name if port.vm else port.name or port.pk} ({addresses})"
+
+
+class SubnetForm(forms.Form):
+    cidr = forms.CharField(max_length=18, label="CIDR", help_text="e.g. 10.0.1.0/24")
+    name = forms.CharField(max_length=63, required=False)
+    gateway_ip = forms.GenericIPAddressField(
+        protocol="IPv4", required=False, label="Gateway", help_text="Default: the first address."
+    )
+    dns_servers = forms.CharField(
+        max_length=100,
+        required=False,
+        label="DNS servers",
+        help_text="Space- or comma-separated; empty: the network's own resolver.",
+    )
+
+    def clean_gateway_ip(self):
+        return self.cleaned_data["gateway_ip"] or ""  # the service's "default" is ""
+
+    def clean_dns_servers(self):
+        return self.cleaned_data["dns_servers"].replace(",", " ").split()
+
+
+class PortCreateForm(forms.Form):
+    name = forms.CharField(max_length=63, required=False)
+    fixed_ip = forms.GenericIPAddressField(
+        protocol="IPv4", required=False, label="Fixed IP", help_text="Default: the next free one."
+    )
+    security_groups = forms.ModelMultipleChoiceField(
+        queryset=SecurityGroup.objects.none(),
+        required=False,
+        to_field_name="name",
+        widget=forms.CheckboxSelectMultiple,
+        label="Security groups",
+        help_text="None ticked: the project's default group.",
+    )
+    port_security = forms.BooleanField(
+        required=False, initial=True, label="Port security (security groups apply)"
+    )
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
+            project
+        ).order_by("name")
+
+    def clean_fixed_ip(self):
+        return self.cleaned_data["fixed_ip"] or ""
+
+    def clean_security_groups(self):
+        groups = self.cleaned_data["security_groups"]
+        return [g.name for g in groups] or None  # the service's None: the default group
+
+
+class OutboundForm(forms.Form):
+    external_access = forms.BooleanField(required=False, label="Outbound access (SNAT)")
+
+
+class AssociateForm(forms.Form):
+    """1:1 NAT: a global address to a VM's port."""
+
+    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label="Global IP")
+    port = forms.ModelChoiceField(queryset=Port.objects.none(), label="To the VM (port)")
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["global_ip"].queryset = GlobalIp.objects.for_project(project).filter(
+            router=False, port__isnull=True
+        )
+        self.fields["port"].queryset = (
+            Port.objects.for_project(project).select_related("vm").prefetch_related("fixed_ips")
+        )
+        self.fields["port"].label_from_instance = _port_label
+
+
+class ConnectionForm(forms.Form):
+    name = name_field()
+    kind = forms.ChoiceField(choices=ConnectionKind.choices)
+    network = forms.ModelChoiceField(
+        queryset=Network.objects.none(),
+        required=False,
+        empty_label="(none)",
+        help_text="L2VPN: the network carried on the VLAN.",
+    )
+    vlan_id = forms.IntegerField(min_value=1, max_value=4094, required=False, label="VLAN id")
+    destination_cidr = forms.CharField(
+        max_length=18, required=False, label="Destination CIDR", help_text="L3 route"
+    )
+    next_hop = forms.GenericIPAddressField(
+        protocol="IPv4", required=False, label="Next hop", help_text="L3 route"
+    )
+    remote = forms.CharField(max_length=200, required=False, label="The other end, in words")
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["network"].queryset = Network.objects.for_project(project)
+
+    def clean_next_hop(self):
+        return self.cleaned_data["next_hop"] or None
+
+
+class ReviewForm(forms.Form):
+    note = forms.CharField(max_length=500, required=False)
+
+
+class WebhookForm(forms.Form):
+    url = forms.URLField(
+        max_length=500, assume_scheme="https", label="URL", help_text="Events are POSTed here."
+    )
+    kinds = forms.CharField(
+        max_length=500,
+        required=False,
+        label="Event kinds",
+        help_text="Comma-separated, e.g. vm.eviction_notice; empty: every kind.",
+    )
+
+    def clean_kinds(self):
+        kinds = [k.strip() for k in self.cleaned_data["kinds"].split(",") if k.strip()]
+        if any(len(k) > 64 for k in kinds) or len(kinds) > 32:
+            raise forms.ValidationError("At most 32 kinds of at most 64 characters.")
+        return kinds
+
+
+class ProjectSettingsForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    valid_from = forms.DateField(
+        required=False, label="Valid from", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    valid_until = forms.DateField(
+        required=False, label="Valid until", widget=forms.DateInput(attrs={"type": "date"})
+    )
+
+
+QUOTA_LABELS = {
+    "vcpus": "vCPUs",
+    "memory_gib": "Memory (GiB)",
+    "gpus": "GPUs",
+    "vms": "VMs",
+    "networks": "Networks",
+    "global_ips": "Global IPs",
+    "storage_gib": "Storage (GiB)",
+    "buckets": "Buckets",
+}
+
+
+class QuotaForm(forms.Form):
+    """A project's limits (operators), one field a resource."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in Quota.RESOURCES:
+            self.fields[name] = forms.IntegerField(min_value=0, label=QUOTA_LABELS.get(name, name))
 
 
 class VolumeForm(forms.Form):

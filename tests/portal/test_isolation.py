@@ -10,6 +10,7 @@ import pytest
 from django.urls import URLPattern, reverse
 
 import tests.compute.test_api_isolation as compute_contracts
+import tests.controlplane.test_events as event_contracts
 import tests.network.test_api_isolation as network_contracts
 import tests.storage.test_api_isolation as storage_contracts
 import tests.tenants.test_billing_api as billing_contracts
@@ -58,6 +59,16 @@ CASES = {
         _contract(network_contracts.TestPortForwardIsolation),
         {},
     ),
+    "network-detail": ("get", _contract(network_contracts.TestNetworkIsolation), {}),
+    "subnet-delete": ("post", _contract(network_contracts.TestSubnetIsolation), {}),
+    "port-delete": ("post", _contract(network_contracts.TestPortIsolation), {}),
+    "global-ip-disassociate": ("post", _contract(network_contracts.TestGlobalIpIsolation), {}),
+    "connection-delete": (
+        "post",
+        _contract(network_contracts.TestExternalConnectionIsolation),
+        {},
+    ),
+    "webhook-delete": ("post", _contract(event_contracts.TestWebhookIsolation), {}),
     "image-delete": ("post", _contract(compute_contracts.TestProjectImageIsolation), {}),
     "volume-delete": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "bucket-delete": ("post", _contract(storage_contracts.TestBucketIsolation), {}),

@@ -48,6 +48,9 @@ PROJECT_PAGES = [
     "members",
     "billing",
     "audit",
+    "connections",
+    "webhooks",
+    "project-settings",
 ]
 
 

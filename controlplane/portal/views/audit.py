@@ -1,26 +1,47 @@
-"""The project's audit trail, newest first, a page at a time."""
+"""The project's audit trail, newest first, a page at a time, filtered by action, user,
+object (its type, id or name) and outcome; a refused action shows why it was refused."""
+
+from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
+from django.db.models import Q
 
+from controlplane.choices import AuditOutcome
 from controlplane.models import AuditEvent
 from controlplane.portal.access import project_page
 from controlplane.portal.views.common import page
 
 PAGE_SIZE = 50
+FILTERS = ("action", "user", "object", "outcome")
 
 
 @project_page()
 def audit_log(request, project):
     events = AuditEvent.objects.for_project(project)
-    action = request.GET.get("action", "").strip()
-    if action:
-        events = events.filter(action__startswith=action)
+    asked = {name: request.GET.get(name, "").strip()[:200] for name in FILTERS}
+    if asked["action"]:
+        events = events.filter(action__startswith=asked["action"])
+    if asked["user"]:
+        events = events.filter(actor_name__iexact=asked["user"])
+    if asked["object"]:
+        events = events.filter(
+            Q(object_type__iexact=asked["object"])
+            | Q(object_type__iendswith=f".{asked['object']}")
+            | Q(object_id=asked["object"])
+            | Q(object_repr__icontains=asked["object"])
+        )
+    if asked["outcome"] in AuditOutcome.values:
+        events = events.filter(outcome=asked["outcome"])
+    else:
+        asked["outcome"] = ""
     return page(
         request,
         "portal/audit.html",
         {
             "page": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
-            "action": action,
+            "outcomes": AuditOutcome.choices,
+            "query": urlencode({k: v for k, v in asked.items() if v}),
+            "asked": asked,  # not spread: "user" is the layout's logged-in user
         },
         project=project,
     )

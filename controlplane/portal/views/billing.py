@@ -1,5 +1,6 @@
 """Billing: the month's spend and forecast with spend by day, invoices (CSV download, the
-same bytes as the API's), budgets (admins), all through ``tenants.billing``."""
+same bytes as the API's), budgets (admins), the prepaid points balance and its ledger, all
+through ``tenants.billing``."""
 
 from django.contrib import messages
 from django.http import HttpResponse
@@ -15,7 +16,9 @@ from controlplane.portal.views.common import act, page, submit
 from controlplane.portal.views.projects import month_spend
 from tenants import billing as services
 from tenants.choices import Role
-from tenants.models import Budget, Invoice
+from tenants.models import Budget, Invoice, PointsEntry
+
+POINTS_ENTRIES = 50
 
 
 @project_page(write_role=Role.ADMIN)
@@ -45,6 +48,10 @@ def billing(request, project):
             "chart": chart,
             "invoices": Invoice.objects.for_project(project).order_by("-period_start"),
             "budgets": Budget.objects.for_project(project).order_by("name"),
+            "points_balance": services.points_balance(project),
+            "points_entries": PointsEntry.objects.for_project(project)
+            .select_related("invoice", "created_by")
+            .order_by("-id")[:POINTS_ENTRIES],
             "form": form,
         },
         project=project,

@@ -1,10 +1,11 @@
 """What every page shares: the layout's context and the answer to a write."""
 
 from django.contrib import messages
+from django.db import models
 from django.shortcuts import redirect, render
 
 from controlplane.errors import KumoError
-from controlplane.portal.access import form_error, may_write
+from controlplane.portal.access import form_error, form_invalid, may_write, record_refusal
 from tenants import selectors
 from tenants.choices import Role
 
@@ -25,10 +26,13 @@ def page(request, template: str, context: dict | None = None, *, project=None, s
 
 def act(request, service, *, done: str, back: str, **kwargs):
     """Run one service call for a button (no form): its success or its error (a
-    ``KumoError``'s message, never a 500) is a message on the page ``back`` leads to."""
+    ``KumoError``'s message, never a 500) is a message on the page ``back`` leads to. A
+    refusal is audited, on the object the service was given."""
     try:
         service(**kwargs)
     except KumoError as e:
+        obj = next((v for v in kwargs.values() if isinstance(v, models.Model)), None)
+        record_refusal(e.status, e.code, e.message, obj=obj, details=e.details)
         messages.error(request, e.message)
     else:
         messages.success(request, done)
@@ -37,9 +41,10 @@ def act(request, service, *, done: str, back: str, **kwargs):
 
 def submit(form, call) -> tuple[bool, int]:
     """Validate ``form`` and run ``call(cleaned_data)``; returns whether it succeeded and
-    the HTTP status to answer with (400 for bad input, the service error's status)."""
+    the HTTP status to answer with (400 for bad input, the service error's status). Either
+    refusal is audited (``access.record_refusal``)."""
     if not form.is_valid():
-        return False, 400
+        return False, form_invalid(form)
     try:
         call(form.cleaned_data)
     except KumoError as e:

@@ -1,5 +1,6 @@
-"""The operators' fleet view (staff only): hosts by state, each host's GPUs as a grid
-(free, on demand, spot), and drain / maintenance / return to service through
+"""The operators' fleet view (staff only): every host in one table (state, capacity and
+use, labels, heartbeat), hosts by state with each host's GPUs as a grid (free, on demand,
+spot), and drain / maintenance / return to service through
 ``compute.services.host_set_state``."""
 
 from django.contrib import messages
@@ -10,7 +11,7 @@ from compute import services
 from compute.models import Host
 from controlplane.errors import KumoError
 from controlplane.portal import reports
-from controlplane.portal.access import staff_page
+from controlplane.portal.access import form_invalid, record_refusal, staff_page
 from controlplane.portal.forms import HostStateForm
 from controlplane.portal.views.common import page
 
@@ -22,10 +23,11 @@ def fleet(request):
     totals = {"gpus": len(cells)}
     for kind in ("free", "on_demand", "spot"):
         totals[kind] = sum(1 for cell in cells if cell.occupancy == kind)
+    hosts = sorted((row.host for rows in groups.values() for row in rows), key=lambda h: h.name)
     return page(
         request,
         "portal/fleet.html",
-        {"groups": groups, "totals": totals, "state_form": HostStateForm()},
+        {"groups": groups, "totals": totals, "hosts": hosts, "state_form": HostStateForm()},
     )
 
 
@@ -35,11 +37,13 @@ def host_state(request, name):
     host = get_object_or_404(Host, name=name)
     form = HostStateForm(request.POST)
     if not form.is_valid():
+        form_invalid(form)
         messages.error(request, f"{host.name}: choose drain, maintenance or return to service.")
         return redirect("portal:fleet")
     try:
         host = services.host_set_state(host=host, **form.cleaned_data)
     except KumoError as e:
+        record_refusal(e.status, e.code, e.message, obj=host, details=e.details)
         messages.error(request, f"{host.name}: {e.message}")
     else:
         messages.success(request, f"{host.name} is {host.state}.")

@@ -1,30 +1,41 @@
-"""Networks (created with a subnet's CIDR), security groups and their rules, global IPs and
-DNAT port forwards; every write through ``network.services``."""
+"""Networks (created with a subnet's CIDR) and each network's page (subnets, ports, outbound
+access, DNS), security groups and their rules, global IPs (1:1 NAT and DNAT port forwards)
+and external connections; every write through ``network.services``."""
 
 from django.conf import settings
 from django.contrib import messages
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from controlplane.portal.access import project_page
 from controlplane.portal.forms import (
+    AssociateForm,
+    ConnectionForm,
     GlobalIpForm,
     NetworkForm,
+    OutboundForm,
+    PortCreateForm,
     PortForwardForm,
     RuleForm,
     SecurityGroupForm,
+    SubnetForm,
 )
 from controlplane.portal.views.common import act, page, submit
 from network import services
 from network.models import (
+    ExternalConnection,
+    FixedIp,
     GlobalIp,
     Network,
+    Port,
     PortForward,
     SecurityGroup,
     SecurityGroupRule,
     Subnet,
 )
+from tenants.choices import Role
 
 # --- networks ---------------------------------------------------------------------------------
 
@@ -73,6 +84,100 @@ def subnet_dns(request, project, pk):
         back=reverse("portal:networks", kwargs={"slug": project.slug}),
         subnet=subnet,
         dns_servers=servers,
+    )
+
+
+NETWORK_FORMS = ("subnet", "port", "outbound")
+
+
+@project_page()
+def network_detail(request, project, pk):
+    """One network: its subnets (add one), its ports (add one of its own, delete one that
+    belongs to no VM), outbound access (SNAT) and the DNS servers its guests are told."""
+    network = get_object_or_404(Network.objects.for_project(project), pk=pk)
+    which = request.POST.get("form") if request.method == "POST" else None
+    data = {name: request.POST if which == name else None for name in NETWORK_FORMS}
+    forms = {
+        "subnet": SubnetForm(data["subnet"]),
+        "port": PortCreateForm(data["port"], project=project),
+        "outbound": OutboundForm(
+            data["outbound"], initial={"external_access": network.external_access}
+        ),
+    }
+    status = 200
+    if which in forms:
+        calls = {
+            "subnet": lambda v: services.subnet_create(network=network, **v),
+            "port": lambda v: services.port_create(network=network, **v),
+            "outbound": lambda v: services.network_update(network=network, **v),
+        }
+        ok, status = submit(forms[which], calls[which])
+        if ok:
+            messages.success(
+                request,
+                {
+                    "subnet": "Subnet added.",
+                    "port": "Port created.",
+                    "outbound": "Outbound access saved.",
+                }[which],
+            )
+            return redirect("portal:network-detail", slug=project.slug, pk=network.pk)
+    elif request.method == "POST":
+        status = 400
+        messages.error(request, "form: say which form this is (subnet, port or outbound).")
+    ports = (
+        Port.objects.for_project(project)
+        .filter(network=network)
+        .select_related("vm", "global_ip")
+        .prefetch_related(Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address")))
+        .order_by("created_at")
+    )
+    return page(
+        request,
+        "portal/network/detail.html",
+        {
+            "network": network,
+            "subnets": Subnet.objects.for_project(project)
+            .filter(network=network)
+            .order_by("created_at"),
+            "ports": ports,
+            "connections": ExternalConnection.objects.for_project(project)
+            .filter(network=network)
+            .order_by("name"),
+            "dns_domain": settings.DNS_DOMAIN,
+            **forms,
+        },
+        project=project,
+        status=status,
+    )
+
+
+@require_POST
+@project_page()
+def subnet_delete(request, project, pk):
+    """Remove a subnet none of whose addresses is in use (409 otherwise)."""
+    subnet = get_object_or_404(Subnet.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.subnet_delete,
+        done=f"Subnet {subnet.cidr} removed.",
+        back=reverse(
+            "portal:network-detail", kwargs={"slug": project.slug, "pk": subnet.network_id}
+        ),
+        subnet=subnet,
+    )
+
+
+@require_POST
+@project_page()
+def port_delete(request, project, pk):
+    port = get_object_or_404(Port.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.port_delete,
+        done=f"Port {port.name or port.pk} deleted.",
+        back=reverse("portal:network-detail", kwargs={"slug": project.slug, "pk": port.network_id}),
+        port=port,
     )
 
 
@@ -172,16 +277,22 @@ def rule_delete(request, project, pk):
 
 @project_page()
 def global_ips(request, project):
-    """The project's global addresses and their port forwards (DNAT)."""
-    allocate = GlobalIpForm(request.POST if request.POST.get("form") == "allocate" else None)
-    forward = PortForwardForm(
-        request.POST if request.POST.get("form") == "forward" else None, project=project
-    )
+    """The project's global addresses: 1:1 NAT to a VM (associate, disassociate) and port
+    forwards (DNAT)."""
+    which = request.POST.get("form")
+    allocate = GlobalIpForm(request.POST if which == "allocate" else None)
+    forward = PortForwardForm(request.POST if which == "forward" else None, project=project)
+    associate = AssociateForm(request.POST if which == "associate" else None, project=project)
     status = 200
     if request.method == "POST":
-        if request.POST.get("form") == "allocate":
+        if which == "allocate":
             ok, status = submit(
                 allocate, lambda v: services.global_ip_allocate(project=project, **v)
+            )
+        elif which == "associate":
+            ok, status = submit(
+                associate,
+                lambda v: services.global_ip_associate(address=v["global_ip"], port=v["port"]),
             )
         else:
             ok, status = submit(
@@ -203,6 +314,7 @@ def global_ips(request, project):
             .order_by("global_ip__address", "external_port"),
             "allocate": allocate,
             "forward": forward,
+            "associate": associate,
         },
         project=project,
         status=status,
@@ -224,6 +336,21 @@ def global_ip_release(request, project, pk):
 
 @require_POST
 @project_page()
+def global_ip_disassociate(request, project, pk):
+    """End an address's 1:1 NAT; the address stays the project's."""
+    address = get_object_or_404(GlobalIp.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.global_ip_associate,
+        done=f"{address.address} no longer maps to a VM.",
+        back=reverse("portal:global-ips", kwargs={"slug": project.slug}),
+        address=address,
+        port=None,
+    )
+
+
+@require_POST
+@project_page()
 def port_forward_delete(request, project, pk):
     forward = get_object_or_404(PortForward.objects.for_project(project), pk=pk)
     return act(
@@ -232,4 +359,48 @@ def port_forward_delete(request, project, pk):
         done="Port forward removed.",
         back=reverse("portal:global-ips", kwargs={"slug": project.slug}),
         forward=forward,
+    )
+
+
+# --- external connections ---------------------------------------------------------------------
+
+
+@project_page(write_role=Role.ADMIN)
+def connections(request, project):
+    """Links to outside networks: admins request one (as in the API), everyone sees its
+    state; operators approve or reject them (``/fleet/connections/``)."""
+    form = ConnectionForm(request.POST or None, project=project)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.connection_request(project=project, **v))
+        if ok:
+            messages.success(
+                request,
+                f"Connection {form.cleaned_data['name']} requested; an operator reviews it.",
+            )
+            return redirect("portal:connections", slug=project.slug)
+    return page(
+        request,
+        "portal/network/connections.html",
+        {
+            "connections": ExternalConnection.objects.for_project(project)
+            .select_related("network")
+            .order_by("name"),
+            "form": form,
+        },
+        project=project,
+        status=status,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def connection_delete(request, project, pk):
+    connection = get_object_or_404(ExternalConnection.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.connection_delete,
+        done=f"Connection {connection.name} deleted.",
+        back=reverse("portal:connections", kwargs={"slug": project.slug}),
+        connection=connection,
     )

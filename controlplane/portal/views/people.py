@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import KumoError
-from controlplane.portal.access import form_error, may_write, project_page
+from controlplane.portal.access import form_error, form_invalid, may_write, project_page
 from controlplane.portal.forms import InviteForm, RoleForm, SSHKeyForm, TokenForm
 from controlplane.portal.views.common import act, page, submit
 from tenants import invitations, selectors, services
@@ -78,6 +78,7 @@ def member_role(request, project, username):
     membership = _membership(project, username)
     form = RoleForm(request.POST)
     if not form.is_valid():
+        form_invalid(form)
         messages.error(request, "Choose a role.")
         return redirect("portal:members", slug=project.slug)
     return act(

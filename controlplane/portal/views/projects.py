@@ -1,5 +1,6 @@
-"""The project list, the project switcher and a project's dashboard."""
+"""The project list, the project switcher, a project's dashboard and its settings."""
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.utils import timezone
@@ -10,9 +11,11 @@ from controlplane.errors import Conflict
 from controlplane.models import Event
 from controlplane.portal import charts, reports
 from controlplane.portal.access import project_page
-from controlplane.portal.views.common import page
+from controlplane.portal.forms import ProjectSettingsForm
+from controlplane.portal.views.common import page, submit
 from tenants import billing, selectors
-from tenants.choices import UsageResource
+from tenants import services as tenant_services
+from tenants.choices import Role, UsageResource
 
 
 @login_required
@@ -73,3 +76,21 @@ def dashboard(request, project):
         },
         project=project,
     )
+
+
+SETTINGS_FIELDS = ("name", "description", "valid_from", "valid_until")
+
+
+@project_page(write_role=Role.ADMIN)
+def project_settings(request, project):
+    """Name, description and validity (admins, what the API's project PATCH changes),
+    through ``tenants.services.project_update``."""
+    initial = {name: getattr(project, name) for name in SETTINGS_FIELDS}
+    form = ProjectSettingsForm(request.POST or None, initial=initial)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: tenant_services.project_update(project=project, **v))
+        if ok:
+            messages.success(request, "Project settings saved.")
+            return redirect("portal:project-settings", slug=project.slug)
+    return page(request, "portal/settings.html", {"form": form}, project=project, status=status)
