@@ -140,8 +140,9 @@ class _CachedView:
         self.loaded_at = 0.0
 
     def get(self, *, fresh: bool = False) -> Scheduler:
-        ttl = settings.SCHEDULER_VIEW_TTL_S
-        if fresh or self.scheduler is None or time.monotonic() - self.loaded_at > ttl:
+        age = time.monotonic() - self.loaded_at
+        fresh = fresh and age > settings.SCHEDULER_FRESH_AFTER_S
+        if fresh or self.scheduler is None or age > settings.SCHEDULER_VIEW_TTL_S:
             self.scheduler = load_scheduler()
             self.loaded_at = time.monotonic()
         return self.scheduler

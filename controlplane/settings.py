@@ -281,6 +281,10 @@ OPERATION_DEADLINE_S = int(os.environ.get("KUMO_OPERATION_DEADLINE_S", "900"))
 # KUMO_SCHEDULER_VIEW_TTL_S: how long a process keeps its in-memory view of the hosts before
 # reloading it. Staleness costs only retries: every claim re-checks in the database.
 SCHEDULER_VIEW_TTL_S = float(os.environ.get("KUMO_SCHEDULER_VIEW_TTL_S", "10"))
+# KUMO_SCHEDULER_FRESH_AFTER_S: a decision that finds no room looks again on a fresh view
+# only if its view is older than this (seconds; 0, the default: always). The replay, one
+# process whose view follows every change it makes, sets it high.
+SCHEDULER_FRESH_AFTER_S = float(os.environ.get("KUMO_SCHEDULER_FRESH_AFTER_S", "0"))
 # KUMO_GPU_HOST_CPU_RESERVE: the share (0 to 1) of a GPU host's vCPUs and memory per GPU
 # that each free GPU keeps from CPU VMs (compute.scheduler.gpu_reserve_filter): 1 (the
 # default) means CPU VMs only use what GPU VMs left spare, so no GPU is stranded; 0 lets

@@ -45,7 +45,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from compute import guarantees
+from compute import guarantees, placement
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState, VmTask
 from compute.leases import HOLDING as LEASE_HOLDING
 from compute.models import Device, Host, Lease, LeaseAllocation, VirtualMachine
@@ -270,6 +270,7 @@ def _prepare(lease: Lease, now: datetime) -> None:
         log.warning("lease %s: a chosen GPU was taken meanwhile; choosing again", lease.pk)
         return
     Device.objects.filter(pk__in=[d.pk for d in held]).update(lease=lease)
+    transaction.on_commit(placement.view.invalidate, robust=True)  # its GPUs are no one's
     noticed = _notify_spot([d.vm for d in held if d.vm is not None], lease, now)
     lease.state = LeaseState.PREPARING
     lease.state_reason = (
@@ -407,7 +408,8 @@ def _finish(lease: Lease, *, state: str, at: datetime | None = None, why: str = 
         vm = lifecycle.transition(vm, lease=None, state_reason=reason)
         if shelve:
             vm_shelve(vm=vm)
-    Device.objects.filter(lease=lease).update(lease=None)
+    if Device.objects.filter(lease=lease).update(lease=None):
+        transaction.on_commit(placement.view.invalidate, robust=True)
     LeaseAllocation.objects.filter(lease=lease, ends_at__gt=at).update(ends_at=at)
     LeaseAllocation.objects.filter(lease=lease, starts_at__gte=at).delete()
     if lease.state == LeaseState.ACTIVE:
