@@ -37,7 +37,7 @@ project_urls = [
     path("vms/<uuid:pk>/console/", vms.vm_console, name="vm-console"),
     path("vms/<uuid:pk>/console/token/", vms.vm_console_token, name="vm-console-token"),
     re_path(
-        rf"^vms/(?P<pk>{UUID})/(?P<action>start|stop|reboot|reset|power_off|delete)/$",
+        rf"^vms/(?P<pk>{UUID})/(?P<action>{'|'.join(vms.ACTIONS)})/$",
         vms.vm_action,
         name="vm-action",
     ),
