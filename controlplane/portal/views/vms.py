@@ -111,8 +111,9 @@ def _offers(project, now):
 
 @project_page()
 def vm_create(request, project):
-    """Launch a VM from a template: the form lists each template's price per hour and the
-    quota left; ``compute.services.vm_create`` decides."""
+    """Launch a VM from a template, optionally in a placement group or a lease of the
+    project: the form lists each template's price per hour and the quota left;
+    ``compute.services.vm_create`` decides."""
     form = VmCreateForm(request.POST or None, project=project, user=request.user)
     status = 200
     if request.method == "POST" and form.is_valid():
@@ -127,6 +128,8 @@ def vm_create(request, project):
                 user_data=v["user_data"],
                 priority=v["priority"],
                 nics=[{"network": v["network"]}] if v["network"] else [],
+                placement_group=v["placement_group"],
+                lease=v["lease"],
                 actor=request.user,
             )
         except KumoError as e:
