@@ -65,6 +65,12 @@ CASES = {
     "volume-detach": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "volume-extend": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "access-key-delete": ("post", _contract(storage_contracts.TestAccessKeyIsolation), {}),
+    "placement-group-delete": (
+        "post",
+        _contract(compute_contracts.TestPlacementGroupIsolation),
+        {},
+    ),
+    "lease-cancel": ("post", _contract(compute_contracts.TestLeaseIsolation), {}),
     "member-role": ("post", _member, {}),
     "member-remove": ("post", _member, {}),
     "invitation-revoke": ("post", _contract(invitation_contracts.TestInvitationsIsolation), {}),
