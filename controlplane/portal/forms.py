@@ -4,6 +4,7 @@ rules themselves are the services', whose errors land back on these forms
 (``access.form_error``)."""
 
 from django import forms
+from django.utils import timezone
 
 from compute.choices import HostState, ImageFormat, PlacementPolicy, Priority, VmState
 from compute.leases import HOLDING
@@ -177,15 +178,18 @@ class LeaseForm(forms.Form):
     gpus = forms.IntegerField(min_value=1, max_value=4096, label="GPUs")
     gpu_model = forms.ChoiceField(label="GPU model", required=False)
     starts_at = forms.DateTimeField(
-        label="Start (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        label="Start", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
     )
     ends_at = forms.DateTimeField(
-        label="End (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        label="End", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
     )
 
     def __init__(self, *args, models=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_model"].choices = [(m, m) for m in models]
+        zone = timezone.get_current_timezone_name()  # how a naive time is read
+        self.fields["starts_at"].label = f"Start ({zone})"
+        self.fields["ends_at"].label = f"End ({zone})"
 
     def clean(self):
         v = super().clean()

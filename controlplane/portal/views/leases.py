@@ -90,10 +90,12 @@ def leases(request, project):
                 if isinstance(e, Conflict):
                     earliest = _earliest(e)
             else:
+                start, end = timezone.localtime(lease.starts_at), timezone.localtime(lease.ends_at)
                 messages.success(
                     request,
                     f"Lease {lease.name} reserved: {lease.gpus} {lease.gpu_model} GPUs from "
-                    f"{lease.starts_at:%Y-%m-%d %H:%M} to {lease.ends_at:%Y-%m-%d %H:%M} UTC.",
+                    f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} "
+                    f"{timezone.get_current_timezone_name()}.",
                 )
                 return redirect("portal:leases", slug=project.slug)
     now = timezone.now()

@@ -20,6 +20,7 @@ from controlplane.portal import reports
 from controlplane.portal.access import form_error, project_page
 from controlplane.portal.forms import VmCreateForm
 from controlplane.portal.views.common import act, page
+from network.choices import ForwardProtocol
 from network.models import FixedIp, GlobalIp, Port, PortForward
 from tenants import billing, selectors
 from tenants.models import SSHKey
@@ -202,7 +203,9 @@ def connect_info(project, vm: VirtualMachine, ports, user) -> dict:
     login_user = vm.image.login_user
     keys = _key_names(vm, user)
     target, port, public = (addresses[0] if addresses else ""), None, False
-    ssh_forward = next((f for f in forwards if f.protocol == "tcp" and f.internal_port == 22), None)
+    ssh_forward = next(
+        (f for f in forwards if f.protocol == ForwardProtocol.TCP and f.internal_port == 22), None
+    )
     if global_ips:
         target, public = global_ips[0].address, True
     elif ssh_forward is not None:
