@@ -154,6 +154,8 @@ def test_a_vm_is_launched_in_a_lease(login, project, cloud):
     assert response.status_code == 302, errors_of(response, "lease")
     vm = VirtualMachine.objects.for_project(project).get(name="in-lease")
     assert vm.lease_id == lease.pk and vm.state == VmState.PENDING
+    detail = client.get(url("vm-detail", project, pk=vm.pk)).content.decode()
+    assert f'{url("leases", project)}">mine</a> (scheduled' in detail
     cpu = client.post(
         url("vm-create", project), {**data, "name": "cpu", "template": cloud["cpu"].name}
     )
@@ -222,3 +224,24 @@ def test_the_reclamation_page_shows_the_minimum_and_the_schedule(login, project,
     html = login(cloud["users"][Role.READER]).get(url("reclamation", project)).content.decode()
     assert '<div class="value" id="min-gpus">2</div>' in html
     assert "idle-one" in html and "idle for 7 days" in html and f"{when:%Y-%m-%d %H:%M}" in html
+
+
+def test_a_vm_is_launched_in_a_placement_group_of_the_project_only(login, project, cloud):
+    group = services.placement_group_create(project=project, name="ring", policy="compact")
+    other = make_project()
+    theirs = services.placement_group_create(project=other, name="theirs", policy="compact")
+    client = login(cloud["users"][Role.MEMBER])
+    data = {
+        "name": "member-1",
+        "template": cloud["cpu"].name,
+        "image": cloud["image"].pk,
+        "priority": "on_demand",
+        "placement_group": theirs.pk,
+    }
+    refused = client.post(url("vm-create", project), data)
+    assert refused.status_code == 400 and "valid choice" in errors_of(refused, "placement_group")
+    assert (
+        client.post(url("vm-create", project), {**data, "placement_group": group.pk}).status_code
+        == 302
+    )
+    assert VirtualMachine.objects.for_project(project).get(name="member-1").placement_group == group

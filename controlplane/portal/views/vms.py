@@ -152,7 +152,9 @@ def vm_create(request, project):
 
 def _vm(project, pk) -> VirtualMachine:
     return get_object_or_404(
-        VirtualMachine.objects.for_project(project).select_related("template", "image", "host"),
+        VirtualMachine.objects.for_project(project).select_related(
+            "template", "image", "host", "placement_group", "lease"
+        ),
         pk=pk,
     )
 
