@@ -42,6 +42,16 @@ def vm_mounts(vm) -> tuple[MountWire, ...]:
     )
 
 
+def mount_command(share: Share) -> str:
+    """What a guest runs to mount ``share`` by hand (guests made after the share is ready
+    mount it at boot through cloud-init): the API's and the portal's words alike."""
+    fstype = FSTYPES[share.backend]
+    return (
+        f"mkdir -p {share.mount_point} && mount -t {fstype} {share.mount_source} "
+        f"{share.mount_point}"
+    )
+
+
 def share_clients(project_id) -> tuple[str, ...]:
     """The addresses that may reach ``project_id``'s shares: every address of a port of one
     of its VMs (not deleted), on the storage path as the VMs are addressed there. An

@@ -4,9 +4,11 @@ rules themselves are the services', whose errors land back on these forms
 (``access.form_error``)."""
 
 from django import forms
+from django.utils import timezone
 
-from compute.choices import HostState, Priority
-from compute.models import Image, Template
+from compute.choices import HostState, ImageFormat, PlacementPolicy, Priority, VmState
+from compute.leases import HOLDING
+from compute.models import Image, Lease, PlacementGroup, Template, VirtualMachine
 from controlplane.validators import hostname_validator
 from network.choices import ConnectionKind, Direction, ForwardProtocol, Protocol
 from network.models import GlobalIp, Network, Port, SecurityGroup
@@ -46,12 +48,23 @@ class VmCreateForm(forms.Form):
     user_data = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4}), label="cloud-init user-data"
     )
+    placement_group = forms.ModelChoiceField(
+        queryset=PlacementGroup.objects.none(), required=False, empty_label="(none)"
+    )
+    lease = forms.ModelChoiceField(
+        queryset=Lease.objects.none(),
+        required=False,
+        empty_label="(no lease)",
+        help_text="A GPU reservation of the project: the VM runs on its GPUs from its start.",
+    )
 
     def __init__(self, *args, project, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["image"].queryset = Image.objects.usable_by(project)
         self.fields["network"].queryset = Network.objects.for_project(project)
         self.fields["ssh_keys"].queryset = SSHKey.objects.filter(user=user)
+        self.fields["placement_group"].queryset = PlacementGroup.objects.for_project(project)
+        self.fields["lease"].queryset = Lease.objects.for_project(project).filter(state__in=HOLDING)
 
 
 class NetworkForm(forms.Form):
@@ -266,6 +279,75 @@ class VolumeForm(forms.Form):
 class BucketForm(forms.Form):
     name = forms.CharField(max_length=63, validators=[bucket_name_validator])
     quota_gib = forms.IntegerField(min_value=1, label="Quota (GiB)")
+
+
+class VolumeAttachForm(forms.Form):
+    """Which of the project's VMs a volume attaches to (others are no choice)."""
+
+    vm = forms.ModelChoiceField(queryset=VirtualMachine.objects.none(), label="VM")
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["vm"].queryset = (
+            VirtualMachine.objects.for_project(project)
+            .exclude(state=VmState.DELETED)
+            .order_by("name")
+        )
+
+
+class VolumeExtendForm(forms.Form):
+    size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="New size (GiB)")
+
+
+class AccessKeyForm(forms.Form):
+    description = forms.CharField(max_length=200, required=False)
+
+
+class ImageUploadForm(forms.Form):
+    """An image's record and its file, in one multipart POST: the view registers the
+    record and streams the file into the image store (``compute.services.image_upload``,
+    as the API's ``PUT …/file/`` does)."""
+
+    name = forms.CharField(max_length=100)
+    os_distro = forms.CharField(max_length=32, label="OS distribution", help_text="e.g. debian")
+    os_version = forms.CharField(max_length=32, required=False, label="OS version")
+    format = forms.ChoiceField(choices=ImageFormat.choices, initial=ImageFormat.QCOW2)
+    login_user = forms.CharField(
+        max_length=32, required=False, label="Login user", help_text="e.g. debian, ubuntu"
+    )
+    file = forms.FileField(label="Image file")
+
+
+class PlacementGroupForm(forms.Form):
+    name = name_field()
+    policy = forms.ChoiceField(choices=PlacementPolicy.choices)
+
+
+class LeaseForm(forms.Form):
+    """A reservation: ``compute.services.lease_create`` decides whether the fleet holds it."""
+
+    name = name_field()
+    gpus = forms.IntegerField(min_value=1, max_value=4096, label="GPUs")
+    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    starts_at = forms.DateTimeField(
+        label="Start", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+    ends_at = forms.DateTimeField(
+        label="End", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+    )
+
+    def __init__(self, *args, models=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_model"].choices = [(m, m) for m in models]
+        zone = timezone.get_current_timezone_name()  # how a naive time is read
+        self.fields["starts_at"].label = f"Start ({zone})"
+        self.fields["ends_at"].label = f"End ({zone})"
+
+    def clean(self):
+        v = super().clean()
+        if v.get("starts_at") and v.get("ends_at") and v["ends_at"] <= v["starts_at"]:
+            self.add_error("ends_at", "The end must be after the start.")
+        return v
 
 
 class InviteForm(forms.Form):

@@ -5,7 +5,7 @@ from controlplane.api import fields
 from controlplane.validators import hostname_validator
 from storage.choices import ShareTier, VolumeTier
 from storage.models import AccessKey, Bucket, Share, Volume, bucket_name_validator
-from storage.selectors import FSTYPES
+from storage.selectors import FSTYPES, mount_command
 
 NAME = {"max_length": 63}
 MAX_GIB = 1_048_576  # 1 PiB: past it a number is a typo
@@ -89,10 +89,7 @@ class ShareSerializer(serializers.ModelSerializer):
     def get_mount_command(self, share) -> str:
         """What a guest runs to mount the share by hand (guests made after the share is
         ready mount it at boot through cloud-init)."""
-        return (
-            f"mkdir -p {share.mount_point} && mount -t {FSTYPES[share.backend]} "
-            f"{share.mount_source} {share.mount_point}"
-        )
+        return mount_command(share)
 
 
 class ShareCreateSerializer(serializers.Serializer):

@@ -171,6 +171,16 @@ def test_a_member_launches_a_vm_opens_a_port_and_downloads_an_invoice(site, brow
     shot(page, "2-vm-running")
     vm = VirtualMachine.objects.for_project(project).get(name="train-1")
     assert vm.host.name == "gpu-01"
+    # Stop it: the badge, the note and the buttons follow the state without a reload.
+    page.click('#vm-actions [data-action="stop"]')
+    expect(page.locator("#vm-flash")).to_contain_text("Stop of VM train-1 requested")
+    expect(page.locator("#vm-state")).to_have_attribute("data-state", "stopped", timeout=60_000)
+    expect(page.locator('#vm-actions [data-action="start"]')).to_be_visible()
+    expect(page.locator('#vm-actions [data-action="stop"]')).to_have_count(0)
+    expect(page.locator("#vm-flash")).to_contain_text("VM train-1 is stopped.")
+    page.click('#vm-actions [data-action="start"]')
+    expect(page.locator("#vm-state")).to_have_attribute("data-state", "running", timeout=60_000)
+    expect(page.locator('#vm-actions [data-action="stop"]')).to_be_visible()
     page.click("nav.tabs >> text=VMs")
     expect(page.locator('[data-vm="train-1"] [data-state]')).to_have_text("running")
     shot(page, "3-vm-list")

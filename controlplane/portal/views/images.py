@@ -1,29 +1,64 @@
-"""Images: the ones the project may boot, its own uploads (streamed by the browser straight
-to the API, ``PUT …/images/{id}/file/``, never through a form), and deleting its own,
-written through ``compute.services``."""
+"""Images: the ones the project may boot, uploading its own (a multipart form: the record
+is registered, then the file is streamed into the image store by
+``compute.services.image_upload``, the service behind the API's ``PUT …/images/{id}/file/``),
+and deleting its own, written through ``compute.services``."""
 
-from django.shortcuts import get_object_or_404
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from compute import services
-from compute.choices import ImageFormat
 from compute.models import Image
-from controlplane.portal.access import project_page
+from controlplane.errors import KumoError
+from controlplane.portal.access import form_error, project_page
+from controlplane.portal.forms import ImageUploadForm
 from controlplane.portal.views.common import act, page
+
+
+def _upload(project, v) -> Image:
+    """Register the image, then stream its file (read in bounded chunks from Django's
+    upload, spooled to a temporary file past a few MiB) into the store. A failed upload
+    leaves the image ``failed`` with the reason, as through the API."""
+    image = services.image_register(
+        project=project,
+        name=v["name"],
+        os_distro=v["os_distro"],
+        os_version=v["os_version"],
+        format=v["format"],
+        login_user=v["login_user"],
+    )
+    upload = v["file"]
+    return services.image_upload(image=image, stream=upload, length=upload.size)
 
 
 @project_page()
 def images(request, project):
+    form = ImageUploadForm(request.POST or None, request.FILES or None)
+    status = 200
+    if request.method == "POST":
+        if not form.is_valid():
+            status = 400
+        else:
+            try:
+                image = _upload(project, form.cleaned_data)
+            except KumoError as e:
+                status = form_error(form, e)
+            else:
+                messages.success(
+                    request,
+                    f"Image {image.name} uploaded ({image.size_bytes} bytes, {image.checksum}).",
+                )
+                return redirect("portal:images", slug=project.slug)
     return page(
         request,
         "portal/images.html",
         {
             "images": Image.objects.visible_to(project).select_related("project"),
-            "formats": ImageFormat.values,
-            "api_images": f"/api/v1/projects/{project.slug}/images/",
+            "form": form,
         },
         project=project,
+        status=status,
     )
 
 

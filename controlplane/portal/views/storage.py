@@ -1,15 +1,55 @@
-"""Storage: the project's volumes and buckets, written through ``storage.services``."""
+"""Storage: the project's volumes (create, attach to a VM, detach, extend, delete), its
+shares and how to mount them, its buckets and their S3 endpoint, and its S3 access keys
+(a project admin's to make and revoke; the secret is shown once), written through
+``storage.services``."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from compute.choices import VmState
+from compute.models import VirtualMachine
 from controlplane.portal.access import project_page
-from controlplane.portal.forms import BucketForm, VolumeForm
+from controlplane.portal.forms import (
+    AccessKeyForm,
+    BucketForm,
+    VolumeAttachForm,
+    VolumeExtendForm,
+    VolumeForm,
+)
 from controlplane.portal.views.common import act, page, submit
 from storage import services
-from storage.models import Bucket, Volume
+from storage.models import AccessKey, Bucket, Share, Volume
+from storage.selectors import mount_command
+from tenants.choices import Role
+
+
+def _render(request, project, *, status=200, **context):
+    """The storage page; ``context`` replaces its forms (bound, with errors) or adds the
+    secret of a key just made, or the form of a volume action that failed (``problem``)."""
+    shares = list(Share.objects.for_project(project).order_by("name"))
+    for share in shares:
+        share.mount_command = mount_command(share)
+    context = {
+        "volumes": Volume.objects.for_project(project).select_related("vm").order_by("name"),
+        "vms": VirtualMachine.objects.for_project(project)
+        .exclude(state=VmState.DELETED)
+        .order_by("name"),
+        "shares": shares,
+        "buckets": Bucket.objects.for_project(project).order_by("name"),
+        "endpoint": settings.OBJECT_STORE["endpoint"],
+        "access_keys": AccessKey.objects.for_project(project)
+        .select_related("created_by")
+        .order_by("-created_at"),
+        "volume_form": VolumeForm(),
+        "bucket_form": BucketForm(),
+        "access_key_form": AccessKeyForm(),
+        "may_manage_keys": Role.at_least(request.membership.role, Role.ADMIN),
+        **context,
+    }
+    return page(request, "portal/storage.html", context, project=project, status=status)
 
 
 @project_page()
@@ -22,28 +62,79 @@ def storage(request, project):
         if which == "bucket":
             ok, status = submit(bucket_form, lambda v: services.bucket_create(project=project, **v))
         else:
+            which = "volume"
             ok, status = submit(volume_form, lambda v: services.volume_create(project=project, **v))
         if ok:
             messages.success(request, f"{which.capitalize()} created.")
             return redirect("portal:storage", slug=project.slug)
-    return page(
+    return _render(
+        request, project, status=status, volume_form=volume_form, bucket_form=bucket_form
+    )
+
+
+def _volume(project, pk) -> Volume:
+    return get_object_or_404(Volume.objects.for_project(project), pk=pk)
+
+
+def _volume_form(request, project, form, call, *, title: str, done):
+    """Run a volume action's form: its success is a message on the storage page; bad
+    input (400) or the service's refusal is the form, with the error under its field,
+    on the storage page."""
+    ok, status = submit(form, call)
+    if ok:
+        messages.success(request, done(form.cleaned_data))
+        return redirect("portal:storage", slug=project.slug)
+    problem = {"title": title, "form": form, "action": request.path}
+    return _render(request, project, status=status, problem=problem)
+
+
+@require_POST
+@project_page()
+def volume_attach(request, project, pk):
+    volume = _volume(project, pk)
+    form = VolumeAttachForm(request.POST, project=project)
+    return _volume_form(
         request,
-        "portal/storage.html",
-        {
-            "volumes": Volume.objects.for_project(project).select_related("vm").order_by("name"),
-            "buckets": Bucket.objects.for_project(project).order_by("name"),
-            "volume_form": volume_form,
-            "bucket_form": bucket_form,
-        },
-        project=project,
-        status=status,
+        project,
+        form,
+        lambda v: services.volume_attach(volume=volume, vm=v["vm"]),
+        title=f"Attach volume {volume.name}",
+        done=lambda v: f"Volume {volume.name} attached to VM {v['vm'].name}.",
+    )
+
+
+@require_POST
+@project_page()
+def volume_extend(request, project, pk):
+    volume = _volume(project, pk)
+    form = VolumeExtendForm(request.POST)
+    return _volume_form(
+        request,
+        project,
+        form,
+        lambda v: services.volume_extend(volume=volume, size_gib=v["size_gib"]),
+        title=f"Extend volume {volume.name}",
+        done=lambda v: f"Volume {volume.name} extended to {v['size_gib']} GiB.",
+    )
+
+
+@require_POST
+@project_page()
+def volume_detach(request, project, pk):
+    volume = _volume(project, pk)
+    return act(
+        request,
+        services.volume_detach,
+        done=f"Volume {volume.name} detached.",
+        back=reverse("portal:storage", kwargs={"slug": project.slug}),
+        volume=volume,
     )
 
 
 @require_POST
 @project_page()
 def volume_delete(request, project, pk):
-    volume = get_object_or_404(Volume.objects.for_project(project), pk=pk)
+    volume = _volume(project, pk)
     return act(
         request,
         services.volume_delete,
@@ -63,4 +154,39 @@ def bucket_delete(request, project, pk):
         done=f"Bucket {bucket.name} deleted.",
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         bucket=bucket,
+    )
+
+
+@project_page(write_role=Role.ADMIN)
+def access_key_create(request, project):
+    """A new S3 access key (admins: a key reaches every bucket of the project); its secret
+    is in this one answer only, as an API token's is."""
+    if request.method != "POST":
+        return redirect("portal:storage", slug=project.slug)
+    form = AccessKeyForm(request.POST)
+    made = []
+    ok, status = submit(
+        form,
+        lambda v: made.append(
+            services.access_key_create(
+                project=project, description=v["description"], actor=request.user
+            )
+        ),
+    )
+    if not ok:
+        return _render(request, project, status=status, access_key_form=form)
+    key, secret = made[0]
+    return _render(request, project, new_key=key, secret=secret)
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def access_key_delete(request, project, pk):
+    key = get_object_or_404(AccessKey.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.access_key_delete,
+        done=f"Access key {key.access_key_id} deleted.",
+        back=reverse("portal:storage", kwargs={"slug": project.slug}),
+        key=key,
     )

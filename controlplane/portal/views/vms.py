@@ -1,5 +1,7 @@
 """VMs: the list (its rows poll for live state), launching from a template, a VM's detail
-(state, spot notice, GPUs and their NUMA cells, NCCL topology, events) and its actions."""
+(state, spot notice, how to reach it, GPUs and their NUMA cells, NCCL topology, events)
+and its actions. The detail page polls ``vm_state``, whose answer carries the state panel
+and, out of band, the action buttons and the page's note, so nothing on it goes stale."""
 
 from django.conf import settings
 from django.contrib import messages
@@ -18,8 +20,10 @@ from controlplane.portal import reports
 from controlplane.portal.access import form_error, project_page
 from controlplane.portal.forms import VmCreateForm
 from controlplane.portal.views.common import act, page
-from network.models import FixedIp, Port
+from network.choices import ForwardProtocol
+from network.models import FixedIp, GlobalIp, Port, PortForward
 from tenants import billing, selectors
+from tenants.models import SSHKey
 
 ACTIONS = {
     "start": services.vm_start,
@@ -27,6 +31,8 @@ ACTIONS = {
     "reboot": services.vm_reboot,
     "reset": services.vm_reset,
     "power_off": services.vm_power_off,
+    "shelve": services.vm_shelve,
+    "unshelve": services.vm_unshelve,
     "delete": services.vm_delete,
 }
 
@@ -106,8 +112,9 @@ def _offers(project, now):
 
 @project_page()
 def vm_create(request, project):
-    """Launch a VM from a template: the form lists each template's price per hour and the
-    quota left; ``compute.services.vm_create`` decides."""
+    """Launch a VM from a template, optionally in a placement group or a lease of the
+    project: the form lists each template's price per hour and the quota left;
+    ``compute.services.vm_create`` decides."""
     form = VmCreateForm(request.POST or None, project=project, user=request.user)
     status = 200
     if request.method == "POST" and form.is_valid():
@@ -122,6 +129,8 @@ def vm_create(request, project):
                 user_data=v["user_data"],
                 priority=v["priority"],
                 nics=[{"network": v["network"]}] if v["network"] else [],
+                placement_group=v["placement_group"],
+                lease=v["lease"],
                 actor=request.user,
             )
         except KumoError as e:
@@ -143,26 +152,118 @@ def vm_create(request, project):
 
 def _vm(project, pk) -> VirtualMachine:
     return get_object_or_404(
-        VirtualMachine.objects.for_project(project).select_related("template", "image", "host"),
+        VirtualMachine.objects.for_project(project).select_related(
+            "template", "image", "host", "placement_group", "lease"
+        ),
         pk=pk,
     )
+
+
+# Where ssh looks for a private key of each type when none is named.
+DEFAULT_KEY_FILES = {
+    "ssh-ed25519": "id_ed25519",
+    "ssh-rsa": "id_rsa",
+    "ecdsa-sha2-nistp256": "id_ecdsa",
+    "ecdsa-sha2-nistp384": "id_ecdsa",
+    "ecdsa-sha2-nistp521": "id_ecdsa",
+}
+
+
+def _key_body(public_key: str) -> str:
+    """A public key's type and base64 blob, without its comment: what identifies it."""
+    return " ".join(public_key.split()[:2])
+
+
+def _key_names(vm: VirtualMachine, user) -> list[str]:
+    """The file names under ``~/.ssh/`` of the keys ``vm`` was given: the caller's own
+    SSH key of the same public key by its name, else ssh's default file for the key's
+    type (a comment such as ``ai@lab`` names no file)."""
+    mine = {_key_body(k.public_key): k.name for k in SSHKey.objects.filter(user=user)}
+    names = []
+    for public_key in vm.ssh_keys or []:
+        kind = public_key.split()[0] if public_key.split() else ""
+        name = mine.get(_key_body(public_key)) or DEFAULT_KEY_FILES.get(kind, "id_ed25519")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def connect_info(project, vm: VirtualMachine, ports, user) -> dict:
+    """How to reach ``vm``: its image's login user, its addresses, the global IP (1:1
+    NAT) and the port forwards that reach it, and the ssh command for the best of them
+    (a global IP, else a forward of TCP port 22, else its first fixed address, reached
+    from inside the project's networks only). Network rows are read through the
+    project's querysets."""
+    addresses = [ip.address for port in ports for ip in port.fixed_ips.all()]
+    global_ips = list(GlobalIp.objects.for_project(project).filter(port__vm=vm).order_by("address"))
+    forwards = list(
+        PortForward.objects.for_project(project)
+        .filter(port__vm=vm)
+        .select_related("global_ip")
+        .order_by("global_ip__address", "external_port")
+    )
+    login_user = vm.image.login_user
+    keys = _key_names(vm, user)
+    target, port, public = (addresses[0] if addresses else ""), None, False
+    ssh_forward = next(
+        (f for f in forwards if f.protocol == ForwardProtocol.TCP and f.internal_port == 22), None
+    )
+    if global_ips:
+        target, public = global_ips[0].address, True
+    elif ssh_forward is not None:
+        target, port, public = ssh_forward.global_ip.address, ssh_forward.external_port, True
+    command = ""
+    if target:
+        identity = f"-i ~/.ssh/{keys[0]} " if keys else ""
+        via = f"-p {port} " if port else ""
+        command = f"ssh {identity}{via}{login_user or '<user>'}@{target}"
+    return {
+        "login_user": login_user,
+        "addresses": addresses,
+        "global_ips": global_ips,
+        "forwards": forwards,
+        "keys": keys,
+        "command": command,
+        "public": public,
+    }
+
+
+def vm_note(vm: VirtualMachine) -> str:
+    """The page's note once the VM moves on from the action that was asked: where it is."""
+    doing = f" ({vm.task_state.replace('_', ' ')}…)" if vm.task_state else ""
+    return f"VM {vm.name} is {vm.state}{doing}."
+
+
+def _buttons(vm: VirtualMachine) -> list[str]:
+    return [a for a in ACTIONS if a in allowed_actions(vm)]
 
 
 @project_page()
 def vm_detail(request, project, pk):
     vm = _vm(project, pk)
     devices = reports.vm_gpus(vm)
-    ports = Port.objects.filter(vm=vm).select_related("network").prefetch_related("fixed_ips")
+    ports = list(
+        Port.objects.filter(vm=vm)
+        .select_related("network")
+        .prefetch_related("fixed_ips")
+        .order_by("device_index")
+    )
     key = {"object_id": str(vm.pk)}
+    # This page shows the action's message itself (``#vm-flash``), where the state poll
+    # keeps a success note current; the layout's list gets none.
+    flash = list(messages.get_messages(request))
     return page(
         request,
         "portal/vms/detail.html",
         {
             "vm": vm,
-            "allowed": [a for a in ACTIONS if a in allowed_actions(vm)],
+            "allowed": _buttons(vm),
+            "flash": flash,
+            "messages": [],
+            "connect": connect_info(project, vm, ports, request.user),
             "devices": devices,
             "topology": reports.nccl_topology(vm, devices),
-            "ports": ports.order_by("device_index"),
+            "ports": ports,
             "events": Event.objects.for_project(project).filter(**key).order_by("-created_at")[:20],
             "audit": AuditEvent.objects.for_project(project).filter(**key)[:20],
         },
@@ -238,11 +339,14 @@ def vm_console_token(request, project, pk):
 
 @project_page()
 def vm_state(request, project, pk):
-    """The detail page's state panel alone (polled): state, task, power, spot notice."""
+    """What the detail page polls: its state panel (state, task, power, reason, spot
+    notice) and, swapped out of band, the action buttons the state allows now and the
+    note that replaces a success message once the VM has moved on."""
+    vm = _vm(project, pk)
     return page(
         request,
-        "portal/vms/_state.html",
-        {"vm": _vm(project, pk)},
+        "portal/vms/state.html",
+        {"vm": vm, "allowed": _buttons(vm), "note": vm_note(vm)},
         project=project,
     )
 
@@ -250,8 +354,8 @@ def vm_state(request, project, pk):
 @require_POST
 @project_page()
 def vm_action(request, project, pk, action):
-    """Start, stop, reboot or delete through the service; a state that forbids the action
-    is a message naming the state."""
+    """Start, stop, reboot, reset, power off, shelve, unshelve or delete through the
+    service; a state that forbids the action is a message naming the state."""
     vm = _vm(project, pk)
     back = reverse("portal:vm-detail", kwargs={"slug": project.slug, "pk": vm.pk})
     if action == "delete":

@@ -1,4 +1,5 @@
-// Kumo portal: the project switcher and spot-notice countdowns. Everything else is htmx.
+// Kumo portal: the project switcher, spot-notice countdowns and copy buttons. Everything
+// else is htmx.
 document.addEventListener("change", (e) => {
   if (e.target.matches("select[data-autosubmit]")) e.target.form.submit();
 });
@@ -11,3 +12,13 @@ function tick() {
 setInterval(tick, 1000);
 document.addEventListener("DOMContentLoaded", tick);
 document.addEventListener("htmx:afterSwap", tick);
+// A button with data-copy="<selector>" copies that element's text (e.g. a VM's ssh command).
+document.addEventListener("click", (e) => {
+  const button = e.target.closest("[data-copy]");
+  if (!button) return;
+  const source = document.querySelector(button.dataset.copy);
+  if (!source || !navigator.clipboard) return;
+  navigator.clipboard.writeText(source.textContent.trim()).then(() => {
+    button.textContent = "Copied";
+  });
+});

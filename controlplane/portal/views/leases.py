@@ -1,0 +1,153 @@
+"""Leases (``compute.services.leases``): a project's reservations of GPUs as a timeline
+over the coming days, reserving (admins: a lease is billed whether used or not; a lease
+the fleet cannot hold shows the earliest period that fits), cancelling; and the
+operators' calendar of every project's leases over the next 30 days."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib import messages
+from django.db.models import Q
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_POST
+
+from compute import guarantees, services
+from compute.leases import HOLDING
+from compute.models import Lease
+from controlplane.errors import Conflict, KumoError
+from controlplane.portal.access import form_error, project_page, staff_page
+from controlplane.portal.forms import LeaseForm
+from controlplane.portal.views.common import act, page
+from tenants.choices import Role
+
+PROJECT_DAYS = 14  # the project page's timeline
+FLEET_DAYS = 30  # the operators' calendar
+RECENT = timedelta(days=7)  # leases over this long ago leave the project's page
+
+
+@dataclass(frozen=True)
+class Row:
+    """One lease on a timeline: its bar's offset and width, in percent of the window."""
+
+    lease: Lease
+    end: datetime
+    left: float
+    width: float
+
+
+def timeline(leases, start: datetime, days: int) -> dict:
+    """The window ``[start, start + days)`` as day columns and one row per lease, its
+    bar clipped to the window (a lease ended early ends where it ended)."""
+    span = timedelta(days=days).total_seconds()
+    rows = []
+    for lease in leases:
+        end = min(lease.ends_at, lease.ended_at) if lease.ended_at else lease.ends_at
+        left = max(0.0, (lease.starts_at - start).total_seconds() / span)
+        right = min(1.0, (end - start).total_seconds() / span)
+        width = max(0.0, right - left)
+        rows.append(Row(lease, end, round(left * 100, 2), round(width * 100, 2)))
+    return {
+        "days": [start + timedelta(days=n) for n in range(days)],
+        "rows": rows,
+        "start": start,
+        "end": start + timedelta(days=days),
+        "day_percent": round(100 / days, 4),
+    }
+
+
+def _midnight(now: datetime) -> datetime:
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _earliest(error: KumoError) -> dict | None:
+    """The earliest period that fits, from a refusal's details (``lease_create``)."""
+    starts = error.details.get("earliest_starts_at") or []
+    ends = error.details.get("earliest_ends_at") or []
+    if not starts or not ends:
+        return None
+    return {"starts_at": parse_datetime(starts[0]), "ends_at": parse_datetime(ends[0])}
+
+
+@project_page(write_role=Role.ADMIN)
+def leases(request, project):
+    """The project's leases and, for its admins, the form to reserve GPUs."""
+    models = sorted(guarantees.fleet_gpus(up_only=False))
+    form = LeaseForm(request.POST or None, models=models)
+    status, earliest = 200, None
+    if request.method == "POST":
+        if not form.is_valid():
+            status = 400
+        else:
+            try:
+                lease = services.lease_create(
+                    project=project, actor=request.user, **form.cleaned_data
+                )
+            except KumoError as e:
+                status = form_error(form, e)
+                if isinstance(e, Conflict):
+                    earliest = _earliest(e)
+            else:
+                start, end = timezone.localtime(lease.starts_at), timezone.localtime(lease.ends_at)
+                messages.success(
+                    request,
+                    f"Lease {lease.name} reserved: {lease.gpus} {lease.gpu_model} GPUs from "
+                    f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} "
+                    f"{timezone.get_current_timezone_name()}.",
+                )
+                return redirect("portal:leases", slug=project.slug)
+    now = timezone.now()
+    shown = (
+        Lease.objects.for_project(project)
+        .filter(Q(state__in=HOLDING) | Q(ends_at__gte=now - RECENT))
+        .select_related("created_by")
+        .order_by("starts_at", "pk")
+    )
+    return page(
+        request,
+        "portal/leases.html",
+        {
+            "form": form,
+            "earliest": earliest,
+            "timeline": timeline(shown, _midnight(now), PROJECT_DAYS),
+            "holding": HOLDING,
+            "models": models,
+        },
+        project=project,
+        status=status,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def lease_cancel(request, project, pk):
+    lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.lease_cancel,
+        done=f"Lease {lease.name} cancelled.",
+        back=reverse("portal:leases", kwargs={"slug": project.slug}),
+        lease=lease,
+        actor=request.user,
+    )
+
+
+@staff_page
+def fleet_leases(request):
+    """Every project's leases that hold or will hold GPUs over the next 30 days."""
+    now = timezone.now()
+    start = _midnight(now)
+    end = start + timedelta(days=FLEET_DAYS)
+    rows = (
+        Lease.objects.filter(state__in=HOLDING, starts_at__lt=end, ends_at__gt=now)
+        .select_related("project", "created_by")
+        .order_by("starts_at", "pk")
+    )
+    fleet = sorted(guarantees.fleet_gpus(up_only=False).items())
+    return page(
+        request,
+        "portal/fleet_leases.html",
+        {"timeline": timeline(rows, start, FLEET_DAYS), "fleet": fleet},
+    )
