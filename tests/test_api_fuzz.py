@@ -261,6 +261,7 @@ def world(db):
         },
         # body fields
         owner=[outsider.username, staff.username],
+        user=[outsider.username, member.username],
         project=[project.slug],
         public_key=[_ssh_public_key()],
         password=[PASSWORD],
