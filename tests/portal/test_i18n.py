@@ -10,8 +10,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.urls import reverse
 
+from compute.choices import VmState
+from compute.models import VirtualMachine
 from controlplane.models import AuditEvent
 from tenants.choices import Role
+from tests.factories import make_vm
 
 pytestmark = pytest.mark.django_db
 
@@ -165,3 +168,18 @@ def test_form_labels_and_messages_are_translated(login, project):
         follow=True,
     )
     assert "ネットワーク net-a を作成しました。" in response.content.decode()
+
+
+def test_a_vms_page_names_its_actions_and_script_texts_in_japanese(login, project, cloud):
+    vm = make_vm(project, template=cloud["cpu"], image=cloud["image"], name="web-1")
+    VirtualMachine.objects.filter(pk=vm.pk).update(state=VmState.RUNNING)
+    client = login(project.owner)
+    page = reverse("portal:vm-detail", args=[project.slug, vm.pk])
+    html = client.get(page, HTTP_ACCEPT_LANGUAGE="ja").content.decode()
+    assert 'data-action="stop">停止</button>' in html
+    assert 'data-action="reboot">再起動</button>' in html
+    console = reverse("portal:vm-console", args=[project.slug, vm.pk])
+    html = client.get(console, HTTP_ACCEPT_LANGUAGE="ja").content.decode()
+    assert 'data-text-connected="シリアルコンソールに接続しました。' in html
+    html = client.get(page).content.decode()
+    assert 'data-action="stop">Stop</button>' in html
