@@ -2,6 +2,7 @@
 language follows the browser's Accept-Language unless the language switch chose one (a
 cookie), English stays the default, and the API and the audit log stay English."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -183,3 +184,19 @@ def test_a_vms_page_names_its_actions_and_script_texts_in_japanese(login, projec
     assert 'data-text-connected="シリアルコンソールに接続しました。' in html
     html = client.get(page).content.decode()
     assert 'data-action="stop">Stop</button>' in html
+
+
+def test_catalogues_are_compiled_when_missing_or_stale_and_only_then(tmp_path, settings):
+    from controlplane.portal.locale import compile_catalogues
+
+    target = tmp_path / "ja" / "LC_MESSAGES"
+    target.mkdir(parents=True)
+    shutil.copy(CATALOGUE, target / "django.po")
+    settings.LOCALE_PATHS = [tmp_path]
+    assert compile_catalogues() == [target / "django.mo"]
+    assert (target / "django.mo").stat().st_size > 0
+    assert compile_catalogues() == []  # fresh: left alone
+    later = (target / "django.mo").stat().st_mtime + 10
+    os.utime(target / "django.po", (later, later))
+    assert compile_catalogues() == [target / "django.mo"]
+    assert not list(target.glob("*.tmp"))
