@@ -17,8 +17,11 @@ PY     := $(VENV)/bin/python
 # curl, jq, openssh-client: the README's tour, which tests/docs/test_readme_tour.py runs.
 # redis-server: tests/e2e/test_broker_restart.py starts a private Redis on a free port and
 # kills it (never the machine's own).
+# gettext: msgfmt compiles the portal's translations (locale/*/LC_MESSAGES/django.po) into
+# the .mo files Django reads; makemessages (xgettext, msgmerge) refreshes the catalogues.
 APT_PACKAGES := libvirt-dev pkg-config iproute2 iputils-ping tcpdump nftables chromium \
-	curl jq openssh-client redis-server nfs-ganesha nfs-ganesha-vfs rpcbind xmlsec1 dnsmasq-base
+	curl jq openssh-client redis-server nfs-ganesha nfs-ganesha-vfs rpcbind xmlsec1 dnsmasq-base \
+	gettext
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: image image-file bench-boot run test docs lint bench-api bench-placement bench-provision bench-netagent bench-preempt bench-billing bench-reports sysdeps install kvm-host lock clean
@@ -95,7 +98,13 @@ sysdeps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-install: sysdeps $(VENV)/.installed
+# The portal's compiled translations: generated from the committed .po, never committed.
+MO_FILES := $(patsubst %.po,%.mo,$(wildcard locale/*/LC_MESSAGES/django.po))
+
+install: sysdeps $(VENV)/.installed $(MO_FILES)
+
+locale/%/LC_MESSAGES/django.mo: locale/%/LC_MESSAGES/django.po $(VENV)/.installed | sysdeps
+	$(PY) manage.py compilemessages -v 0 -l $* --ignore .venv --ignore var --ignore .git
 
 $(VENV)/.installed: requirements.lock pyproject.toml sdk/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

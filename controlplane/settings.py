@@ -100,6 +100,9 @@ MIDDLEWARE = [
     "controlplane.api.errors.RefuseTraceMiddleware",  # TRACE/CONNECT: 405 everywhere
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The portal's language: the django_language cookie (the portal's language switch), else
+    # the browser's Accept-Language, else LANGUAGE_CODE; the API stays English.
+    "controlplane.portal.locale.PortalLocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -187,7 +190,12 @@ AXES_VERBOSE = False
 TRUSTED_PROXY_COUNT = int(os.environ.get("KUMO_TRUSTED_PROXY_COUNT", "0"))
 AXES_CLIENT_IP_CALLABLE = "controlplane.audit.client_ip"
 
-LANGUAGE_CODE = "en-us"
+# The portal speaks English (the default, and the text of its msgids) and Japanese
+# (locale/ja/LC_MESSAGES/django.po; the .mo is compiled by `make install` and by the test
+# suite). Read by PortalLocaleMiddleware and the portal's language switch (set_language).
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("ja", "日本語")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True

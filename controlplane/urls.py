@@ -18,6 +18,8 @@ urlpatterns = [
     path("saml2/metadata/", saml.MetadataView.as_view(), name="saml2_metadata"),
     path("oidc/<slug:name>/login/", oidc.login, name="oidc-login"),
     path("oidc/<slug:name>/callback/", oidc.callback, name="oidc-callback"),
+    # The portal's language switch posts to set_language, which remembers it in a cookie.
+    path("i18n/", include("django.conf.urls.i18n")),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("", include("django_prometheus.urls")),

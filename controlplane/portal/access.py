@@ -12,6 +12,9 @@ The same rules as the API (``controlplane.api.viewsets``), applied once here:
   audited like the API's refused writes (``controlplane.api.errors``): action
   ``portal.<view>``, outcome ``failed`` (``denied`` for 403/404), detail ``{status, code,
   message}``, in the page's project.
+
+Refusal pages speak the visitor's language; what the audit log records stays English
+(``LANGUAGE_CODE``), like the API's messages.
 """
 
 import contextvars
@@ -19,10 +22,14 @@ import logging
 from dataclasses import dataclass
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404
 from django.shortcuts import render
+from django.utils import translation
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from controlplane import audit
 from controlplane.choices import AuditOutcome
@@ -96,7 +103,7 @@ def record_refusal(
 
 def refuse(request, status: int, message: str):
     """The error page: 403 (not allowed) or 404 (nothing there for you)."""
-    title = {403: "Not allowed", 404: "Not found"}.get(status, "Refused")
+    title = {403: _("Not allowed"), 404: _("Not found")}.get(status, _("Refused"))
     return render(
         request, "portal/refused.html", {"title": title, "message": message}, status=status
     )
@@ -112,22 +119,24 @@ def project_page(write_role: str = Role.MEMBER):
         def wrapper(request, slug, *args, **kwargs):
             membership = membership_for(request.user, slug)
             if membership is None:
-                return refuse(request, 404, f"You have no project named {slug!r}.")
+                return refuse(
+                    request, 404, _("You have no project named %(slug)s.") % {"slug": repr(slug)}
+                )
             request.membership = membership
             if request.method not in SAFE_METHODS and not Role.at_least(
                 membership.role, write_role
             ):
-                message = (
-                    f"Your role in project {slug} is {membership.role}; "
-                    f"this needs {write_role} or above."
+                said = {"slug": slug, "role": membership.role, "needed": write_role}
+                message = gettext_noop(
+                    "Your role in project %(slug)s is %(role)s; this needs %(needed)s or above."
                 )
                 audit.record(
                     f"portal.{view.__name__}",
                     project=membership.project,
                     outcome=AuditOutcome.DENIED,
-                    detail={"status": 403, "path": request.path, "message": message},
+                    detail={"status": 403, "path": request.path, "message": message % said},
                 )
-                return refuse(request, 403, message)
+                return refuse(request, 403, _(message) % said)
             return _run(view, request, membership.project, *args, **kwargs)
 
         return wrapper
@@ -142,7 +151,7 @@ def staff_page(view):
     @wraps(view)
     def wrapper(request, *args, **kwargs):
         if not request.user.is_staff:
-            return refuse(request, 404, "There is no such page.")
+            return refuse(request, 404, _("There is no such page."))
         return _run(view, request, None, *args, **kwargs)
 
     return wrapper
@@ -166,9 +175,10 @@ def form_error(form, error: KumoError) -> int:
 def form_invalid(form) -> int:
     """Audit a form refused as invalid input (400): the first field and its reason in the
     message, every field's reasons in the details. Returns 400."""
-    errors = form.errors.get_json_data()
-    field, reasons = next(iter(errors.items()), ("__all__", [{"message": "Invalid input."}]))
-    label = form[field].label if field in form.fields else ""
+    with translation.override(settings.LANGUAGE_CODE):  # the audit log stays English
+        errors = form.errors.get_json_data()
+        field, reasons = next(iter(errors.items()), ("__all__", [{"message": "Invalid input."}]))
+        label = str(form[field].label) if field in form.fields else ""
     reason = reasons[0]["message"] if reasons else "Invalid input."
     record_refusal(
         400,

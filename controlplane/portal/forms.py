@@ -5,6 +5,7 @@ rules themselves are the services', whose errors land back on these forms
 
 from django import forms
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from compute.choices import HostState, ImageFormat, PlacementPolicy, Priority, VmState
 from compute.leases import HOLDING
@@ -17,7 +18,7 @@ from storage.models import bucket_name_validator
 from tenants.choices import BudgetPolicy, Role
 from tenants.models import Quota, SSHKey
 
-NAME_HELP = "Lower-case letters, digits and hyphens."
+NAME_HELP = _("Lower-case letters, digits and hyphens.")
 
 
 def name_field(**kwargs) -> forms.CharField:
@@ -29,33 +30,42 @@ def name_field(**kwargs) -> forms.CharField:
 
 
 class VmCreateForm(forms.Form):
-    name = name_field()
+    name = name_field(label=_("Name"))
     template = forms.ModelChoiceField(
-        queryset=Template.objects.filter(active=True), to_field_name="name"
+        label=_("Template"), queryset=Template.objects.filter(active=True), to_field_name="name"
     )
-    image = forms.ModelChoiceField(queryset=Image.objects.none())
-    priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.ON_DEMAND)
+    image = forms.ModelChoiceField(label=_("Image"), queryset=Image.objects.none())
+    priority = forms.ChoiceField(
+        label=_("Priority"), choices=Priority.choices, initial=Priority.ON_DEMAND
+    )
     network = forms.ModelChoiceField(
-        queryset=Network.objects.none(), required=False, empty_label="(no network)"
+        label=_("Network"),
+        queryset=Network.objects.none(),
+        required=False,
+        empty_label=_("(no network)"),
     )
     ssh_keys = forms.ModelMultipleChoiceField(
         queryset=SSHKey.objects.none(),
         required=False,
         to_field_name="name",
         widget=forms.CheckboxSelectMultiple,
-        label="SSH keys",
+        label=_("SSH keys"),
     )
     user_data = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 4}), label="cloud-init user-data"
+        required=False, widget=forms.Textarea(attrs={"rows": 4}), label=_("cloud-init user-data")
     )
     placement_group = forms.ModelChoiceField(
-        queryset=PlacementGroup.objects.none(), required=False, empty_label="(none)"
+        label=_("Placement group"),
+        queryset=PlacementGroup.objects.none(),
+        required=False,
+        empty_label=_("(none)"),
     )
     lease = forms.ModelChoiceField(
+        label=_("Lease"),
         queryset=Lease.objects.none(),
         required=False,
-        empty_label="(no lease)",
-        help_text="A GPU reservation of the project: the VM runs on its GPUs from its start.",
+        empty_label=_("(no lease)"),
+        help_text=_("A GPU reservation of the project: the VM runs on its GPUs from its start."),
     )
 
     def __init__(self, *args, project, user, **kwargs):
@@ -68,39 +78,45 @@ class VmCreateForm(forms.Form):
 
 
 class NetworkForm(forms.Form):
-    name = name_field()
+    name = name_field(label=_("Name"))
     cidr = forms.CharField(
-        max_length=18, required=False, label="Subnet CIDR", help_text="e.g. 10.0.0.0/24"
+        max_length=18, required=False, label=_("Subnet CIDR"), help_text=_("e.g. 10.0.0.0/24")
     )
-    external_access = forms.BooleanField(required=False, label="Outbound access (SNAT)")
-    description = forms.CharField(max_length=200, required=False)
+    external_access = forms.BooleanField(required=False, label=_("Outbound access (SNAT)"))
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
 
 class SecurityGroupForm(forms.Form):
-    name = forms.CharField(max_length=63)
-    description = forms.CharField(max_length=200, required=False)
+    name = forms.CharField(label=_("Name"), max_length=63)
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
 
 class RuleForm(forms.Form):
-    direction = forms.ChoiceField(choices=Direction.choices, initial=Direction.INGRESS)
-    protocol = forms.ChoiceField(choices=Protocol.choices, initial=Protocol.TCP)
-    port_min = forms.IntegerField(min_value=1, max_value=65535, required=False, label="From port")
-    port_max = forms.IntegerField(min_value=1, max_value=65535, required=False, label="To port")
-    remote_cidr = forms.CharField(max_length=18, required=False, label="Remote CIDR")
-    description = forms.CharField(max_length=200, required=False)
+    direction = forms.ChoiceField(
+        label=_("Direction"), choices=Direction.choices, initial=Direction.INGRESS
+    )
+    protocol = forms.ChoiceField(
+        label=_("Protocol"), choices=Protocol.choices, initial=Protocol.TCP
+    )
+    port_min = forms.IntegerField(
+        min_value=1, max_value=65535, required=False, label=_("From port")
+    )
+    port_max = forms.IntegerField(min_value=1, max_value=65535, required=False, label=_("To port"))
+    remote_cidr = forms.CharField(max_length=18, required=False, label=_("Remote CIDR"))
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
 
 class GlobalIpForm(forms.Form):
-    description = forms.CharField(max_length=200, required=False)
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
 
 class PortForwardForm(forms.Form):
-    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label="Global IP")
-    protocol = forms.ChoiceField(choices=ForwardProtocol.choices)
-    external_port = forms.IntegerField(min_value=1, max_value=65535)
-    port = forms.ModelChoiceField(queryset=Port.objects.none(), label="To the port of")
-    internal_port = forms.IntegerField(min_value=1, max_value=65535)
-    description = forms.CharField(max_length=200, required=False)
+    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label=_("Global IP"))
+    protocol = forms.ChoiceField(label=_("Protocol"), choices=ForwardProtocol.choices)
+    external_port = forms.IntegerField(label=_("External port"), min_value=1, max_value=65535)
+    port = forms.ModelChoiceField(queryset=Port.objects.none(), label=_("To the port of"))
+    internal_port = forms.IntegerField(label=_("Internal port"), min_value=1, max_value=65535)
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)
@@ -119,16 +135,19 @@ def _port_label(port: Port) -> str:
 
 
 class SubnetForm(forms.Form):
-    cidr = forms.CharField(max_length=18, label="CIDR", help_text="e.g. 10.0.1.0/24")
-    name = forms.CharField(max_length=63, required=False)
+    cidr = forms.CharField(max_length=18, label=_("CIDR"), help_text=_("e.g. 10.0.1.0/24"))
+    name = forms.CharField(label=_("Name"), max_length=63, required=False)
     gateway_ip = forms.GenericIPAddressField(
-        protocol="IPv4", required=False, label="Gateway", help_text="Default: the first address."
+        protocol="IPv4",
+        required=False,
+        label=_("Gateway"),
+        help_text=_("Default: the first address."),
     )
     dns_servers = forms.CharField(
         max_length=100,
         required=False,
-        label="DNS servers",
-        help_text="Space- or comma-separated; empty: the network's own resolver.",
+        label=_("DNS servers"),
+        help_text=_("Space- or comma-separated; empty: the network's own resolver."),
     )
 
     def clean_gateway_ip(self):
@@ -139,20 +158,23 @@ class SubnetForm(forms.Form):
 
 
 class PortCreateForm(forms.Form):
-    name = forms.CharField(max_length=63, required=False)
+    name = forms.CharField(label=_("Name"), max_length=63, required=False)
     fixed_ip = forms.GenericIPAddressField(
-        protocol="IPv4", required=False, label="Fixed IP", help_text="Default: the next free one."
+        protocol="IPv4",
+        required=False,
+        label=_("Fixed IP"),
+        help_text=_("Default: the next free one."),
     )
     security_groups = forms.ModelMultipleChoiceField(
         queryset=SecurityGroup.objects.none(),
         required=False,
         to_field_name="name",
         widget=forms.CheckboxSelectMultiple,
-        label="Security groups",
-        help_text="None ticked: the project's default group.",
+        label=_("Security groups"),
+        help_text=_("None ticked: the project's default group."),
     )
     port_security = forms.BooleanField(
-        required=False, initial=True, label="Port security (security groups apply)"
+        required=False, initial=True, label=_("Port security (security groups apply)")
     )
 
     def __init__(self, *args, project, **kwargs):
@@ -170,14 +192,14 @@ class PortCreateForm(forms.Form):
 
 
 class OutboundForm(forms.Form):
-    external_access = forms.BooleanField(required=False, label="Outbound access (SNAT)")
+    external_access = forms.BooleanField(required=False, label=_("Outbound access (SNAT)"))
 
 
 class AssociateForm(forms.Form):
     """1:1 NAT: a global address to a VM's port."""
 
-    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label="Global IP")
-    port = forms.ModelChoiceField(queryset=Port.objects.none(), label="To the VM (port)")
+    global_ip = forms.ModelChoiceField(queryset=GlobalIp.objects.none(), label=_("Global IP"))
+    port = forms.ModelChoiceField(queryset=Port.objects.none(), label=_("To the VM (port)"))
 
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)
@@ -191,22 +213,23 @@ class AssociateForm(forms.Form):
 
 
 class ConnectionForm(forms.Form):
-    name = name_field()
-    kind = forms.ChoiceField(choices=ConnectionKind.choices)
+    name = name_field(label=_("Name"))
+    kind = forms.ChoiceField(label=_("Kind"), choices=ConnectionKind.choices)
     network = forms.ModelChoiceField(
+        label=_("Network"),
         queryset=Network.objects.none(),
         required=False,
-        empty_label="(none)",
-        help_text="L2VPN: the network carried on the VLAN.",
+        empty_label=_("(none)"),
+        help_text=_("L2VPN: the network carried on the VLAN."),
     )
-    vlan_id = forms.IntegerField(min_value=1, max_value=4094, required=False, label="VLAN id")
+    vlan_id = forms.IntegerField(min_value=1, max_value=4094, required=False, label=_("VLAN id"))
     destination_cidr = forms.CharField(
-        max_length=18, required=False, label="Destination CIDR", help_text="L3 route"
+        max_length=18, required=False, label=_("Destination CIDR"), help_text=_("L3 route")
     )
     next_hop = forms.GenericIPAddressField(
-        protocol="IPv4", required=False, label="Next hop", help_text="L3 route"
+        protocol="IPv4", required=False, label=_("Next hop"), help_text=_("L3 route")
     )
-    remote = forms.CharField(max_length=200, required=False, label="The other end, in words")
+    remote = forms.CharField(max_length=200, required=False, label=_("The other end, in words"))
 
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)
@@ -217,47 +240,52 @@ class ConnectionForm(forms.Form):
 
 
 class ReviewForm(forms.Form):
-    note = forms.CharField(max_length=500, required=False)
+    note = forms.CharField(label=_("Note"), max_length=500, required=False)
 
 
 class WebhookForm(forms.Form):
     url = forms.URLField(
-        max_length=500, assume_scheme="https", label="URL", help_text="Events are POSTed here."
+        max_length=500,
+        assume_scheme="https",
+        label=_("URL"),
+        help_text=_("Events are POSTed here."),
     )
     kinds = forms.CharField(
         max_length=500,
         required=False,
-        label="Event kinds",
-        help_text="Comma-separated, e.g. vm.eviction_notice; empty: every kind.",
+        label=_("Event kinds"),
+        help_text=_("Comma-separated, e.g. vm.eviction_notice; empty: every kind."),
     )
 
     def clean_kinds(self):
         kinds = [k.strip() for k in self.cleaned_data["kinds"].split(",") if k.strip()]
         if any(len(k) > 64 for k in kinds) or len(kinds) > 32:
-            raise forms.ValidationError("At most 32 kinds of at most 64 characters.")
+            raise forms.ValidationError(_("At most 32 kinds of at most 64 characters."))
         return kinds
 
 
 class ProjectSettingsForm(forms.Form):
-    name = forms.CharField(max_length=200)
-    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    name = forms.CharField(label=_("Name"), max_length=200)
+    description = forms.CharField(
+        label=_("Description"), widget=forms.Textarea(attrs={"rows": 3}), required=False
+    )
     valid_from = forms.DateField(
-        required=False, label="Valid from", widget=forms.DateInput(attrs={"type": "date"})
+        required=False, label=_("Valid from"), widget=forms.DateInput(attrs={"type": "date"})
     )
     valid_until = forms.DateField(
-        required=False, label="Valid until", widget=forms.DateInput(attrs={"type": "date"})
+        required=False, label=_("Valid until"), widget=forms.DateInput(attrs={"type": "date"})
     )
 
 
 QUOTA_LABELS = {
-    "vcpus": "vCPUs",
-    "memory_gib": "Memory (GiB)",
-    "gpus": "GPUs",
-    "vms": "VMs",
-    "networks": "Networks",
-    "global_ips": "Global IPs",
-    "storage_gib": "Storage (GiB)",
-    "buckets": "Buckets",
+    "vcpus": _("vCPUs"),
+    "memory_gib": _("Memory (GiB)"),
+    "gpus": _("GPUs"),
+    "vms": _("VMs"),
+    "networks": _("Networks"),
+    "global_ips": _("Global IPs"),
+    "storage_gib": _("Storage (GiB)"),
+    "buckets": _("Buckets"),
 }
 
 
@@ -271,20 +299,20 @@ class QuotaForm(forms.Form):
 
 
 class VolumeForm(forms.Form):
-    name = name_field()
-    size_gib = forms.IntegerField(min_value=1, label="Size (GiB)")
-    tier = forms.ChoiceField(choices=VolumeTier.choices, initial=VolumeTier.SHARED)
+    name = name_field(label=_("Name"))
+    size_gib = forms.IntegerField(min_value=1, label=_("Size (GiB)"))
+    tier = forms.ChoiceField(label=_("Tier"), choices=VolumeTier.choices, initial=VolumeTier.SHARED)
 
 
 class BucketForm(forms.Form):
-    name = forms.CharField(max_length=63, validators=[bucket_name_validator])
-    quota_gib = forms.IntegerField(min_value=1, label="Quota (GiB)")
+    name = forms.CharField(label=_("Name"), max_length=63, validators=[bucket_name_validator])
+    quota_gib = forms.IntegerField(min_value=1, label=_("Quota (GiB)"))
 
 
 class VolumeAttachForm(forms.Form):
     """Which of the project's VMs a volume attaches to (others are no choice)."""
 
-    vm = forms.ModelChoiceField(queryset=VirtualMachine.objects.none(), label="VM")
+    vm = forms.ModelChoiceField(queryset=VirtualMachine.objects.none(), label=_("VM"))
 
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)
@@ -296,11 +324,11 @@ class VolumeAttachForm(forms.Form):
 
 
 class VolumeExtendForm(forms.Form):
-    size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="New size (GiB)")
+    size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("New size (GiB)"))
 
 
 class AccessKeyForm(forms.Form):
-    description = forms.CharField(max_length=200, required=False)
+    description = forms.CharField(label=_("Description"), max_length=200, required=False)
 
 
 class ImageUploadForm(forms.Form):
@@ -308,101 +336,112 @@ class ImageUploadForm(forms.Form):
     record and streams the file into the image store (``compute.services.image_upload``,
     as the API's ``PUT …/file/`` does)."""
 
-    name = forms.CharField(max_length=100)
-    os_distro = forms.CharField(max_length=32, label="OS distribution", help_text="e.g. debian")
-    os_version = forms.CharField(max_length=32, required=False, label="OS version")
-    format = forms.ChoiceField(choices=ImageFormat.choices, initial=ImageFormat.QCOW2)
-    login_user = forms.CharField(
-        max_length=32, required=False, label="Login user", help_text="e.g. debian, ubuntu"
+    name = forms.CharField(label=_("Name"), max_length=100)
+    os_distro = forms.CharField(
+        max_length=32, label=_("OS distribution"), help_text=_("e.g. debian")
     )
-    file = forms.FileField(label="Image file")
+    os_version = forms.CharField(max_length=32, required=False, label=_("OS version"))
+    format = forms.ChoiceField(
+        label=_("Format"), choices=ImageFormat.choices, initial=ImageFormat.QCOW2
+    )
+    login_user = forms.CharField(
+        max_length=32, required=False, label=_("Login user"), help_text=_("e.g. debian, ubuntu")
+    )
+    file = forms.FileField(label=_("Image file"))
 
 
 class PlacementGroupForm(forms.Form):
-    name = name_field()
-    policy = forms.ChoiceField(choices=PlacementPolicy.choices)
+    name = name_field(label=_("Name"))
+    policy = forms.ChoiceField(label=_("Policy"), choices=PlacementPolicy.choices)
 
 
 class LeaseForm(forms.Form):
     """A reservation: ``compute.services.lease_create`` decides whether the fleet holds it."""
 
-    name = name_field()
-    gpus = forms.IntegerField(min_value=1, max_value=4096, label="GPUs")
-    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    name = name_field(label=_("Name"))
+    gpus = forms.IntegerField(min_value=1, max_value=4096, label=_("GPUs"))
+    gpu_model = forms.ChoiceField(label=_("GPU model"), required=False)
     starts_at = forms.DateTimeField(
-        label="Start", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        label=_("Start"), widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
     )
     ends_at = forms.DateTimeField(
-        label="End", widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
+        label=_("End"), widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
     )
 
     def __init__(self, *args, models=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_model"].choices = [(m, m) for m in models]
         zone = timezone.get_current_timezone_name()  # how a naive time is read
-        self.fields["starts_at"].label = f"Start ({zone})"
-        self.fields["ends_at"].label = f"End ({zone})"
+        self.fields["starts_at"].label = _("Start (%(zone)s)") % {"zone": zone}
+        self.fields["ends_at"].label = _("End (%(zone)s)") % {"zone": zone}
 
     def clean(self):
         v = super().clean()
         if v.get("starts_at") and v.get("ends_at") and v["ends_at"] <= v["starts_at"]:
-            self.add_error("ends_at", "The end must be after the start.")
+            self.add_error("ends_at", _("The end must be after the start."))
         return v
 
 
 class InviteForm(forms.Form):
     """Whom to invite: an address, never a username (nothing is looked up by it)."""
 
-    email = forms.EmailField(max_length=254, label="E-mail address")
-    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+    email = forms.EmailField(max_length=254, label=_("E-mail address"))
+    role = forms.ChoiceField(label=_("Role"), choices=Role.choices, initial=Role.MEMBER)
 
 
 class RoleForm(forms.Form):
-    role = forms.ChoiceField(choices=Role.choices)
+    role = forms.ChoiceField(label=_("Role"), choices=Role.choices)
 
 
 class SSHKeyForm(forms.Form):
-    name = forms.CharField(max_length=100, required=False, help_text="Default: the key's comment.")
-    public_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), label="Public key")
+    name = forms.CharField(
+        label=_("Name"), max_length=100, required=False, help_text=_("Default: the key's comment.")
+    )
+    public_key = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), label=_("Public key"))
 
 
 class TokenForm(forms.Form):
-    name = forms.CharField(max_length=100)
-    project = forms.ChoiceField(required=False, label="Only for project")
+    name = forms.CharField(label=_("Name"), max_length=100)
+    project = forms.ChoiceField(required=False, label=_("Only for project"))
     expires_at = forms.DateTimeField(
         required=False,
-        label="Expires",
+        label=_("Expires"),
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
     )
 
     def __init__(self, *args, projects, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["project"].choices = [("", "(every project of mine)")] + [
+        self.fields["project"].choices = [("", _("(every project of mine)"))] + [
             (p.slug, p.slug) for p in projects
         ]
 
 
 class BudgetForm(forms.Form):
-    name = forms.CharField(max_length=63)
-    amount = forms.DecimalField(max_digits=19, decimal_places=6, min_value=0)
+    name = forms.CharField(label=_("Name"), max_length=63)
+    amount = forms.DecimalField(label=_("Amount"), max_digits=19, decimal_places=6, min_value=0)
     thresholds = forms.CharField(
-        initial="50, 80, 100", help_text="Percent of the amount, comma-separated."
+        label=_("Thresholds"),
+        initial="50, 80, 100",
+        help_text=_("Percent of the amount, comma-separated."),
     )
-    policy = forms.ChoiceField(choices=BudgetPolicy.choices, initial=BudgetPolicy.NOTIFY)
+    policy = forms.ChoiceField(
+        label=_("Policy"), choices=BudgetPolicy.choices, initial=BudgetPolicy.NOTIFY
+    )
 
     def clean_thresholds(self):
         try:
             return [int(t) for t in self.cleaned_data["thresholds"].split(",") if t.strip()]
         except ValueError:
-            raise forms.ValidationError("Whole percentages, e.g. 50, 80, 100.") from None
+            raise forms.ValidationError(_("Whole percentages, e.g. 50, 80, 100.")) from None
 
 
 class HostStateForm(forms.Form):
     state = forms.ChoiceField(
+        label=_("State"),
         choices=[
-            (HostState.DRAINING, "Drain"),
-            (HostState.MAINTENANCE, "Maintenance"),
-            (HostState.UP, "Return to service"),
-        ]
+            (HostState.DRAINING, _("Drain")),
+            (HostState.MAINTENANCE, _("Maintenance")),
+            (HostState.UP, _("Return to service")),
+        ],
     )
-    reason = forms.CharField(max_length=200, required=False)
+    reason = forms.CharField(label=_("Reason"), max_length=200, required=False)

@@ -20,6 +20,14 @@ PRICES = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_translations():
+    # The .mo files are generated (never committed): compile them when missing or stale.
+    from controlplane.portal.locale import compile_catalogues
+
+    compile_catalogues()
+
+
 @pytest.fixture
 def login():
     """``login(user)``: a browser-like client logged in as ``user`` (session and CSRF)."""

@@ -9,6 +9,8 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import KumoError
@@ -21,11 +23,11 @@ Kind = ProjectApplication.Kind
 #: the largest number a resource field holds (a PostgreSQL integer)
 MAX_ASK = 2**31 - 1
 RESOURCE_LABELS = {
-    "vcpus": "vCPUs",
-    "memory_gib": "Memory (GiB)",
-    "gpus": "GPUs",
-    "storage_gib": "Storage (GiB)",
-    "global_ips": "Global IPs",
+    "vcpus": gettext_lazy("vCPUs"),
+    "memory_gib": gettext_lazy("Memory (GiB)"),
+    "gpus": gettext_lazy("GPUs"),
+    "storage_gib": gettext_lazy("Storage (GiB)"),
+    "global_ips": gettext_lazy("Global IPs"),
 }
 
 
@@ -40,17 +42,23 @@ def date_field(**kwargs) -> forms.DateField:
 class ApplicationForm(forms.Form):
     """A new project."""
 
-    slug = forms.SlugField(max_length=40, help_text="the project's short name")
-    title = forms.CharField(max_length=200)
-    purpose = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
-    field = forms.CharField(max_length=200, required=False)
-    vcpus = resource_field(initial=0)
-    memory_gib = resource_field(initial=0)
-    gpus = resource_field(initial=0)
-    storage_gib = resource_field(initial=0)
-    global_ips = resource_field(initial=0)
-    valid_from = date_field(required=False)
-    valid_until = date_field(required=False)
+    slug = forms.SlugField(
+        max_length=40,
+        label=gettext_lazy("Slug"),
+        help_text=gettext_lazy("the project's short name"),
+    )
+    title = forms.CharField(max_length=200, label=gettext_lazy("Title"))
+    purpose = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}), label=gettext_lazy("Purpose")
+    )
+    field = forms.CharField(max_length=200, required=False, label=gettext_lazy("Field"))
+    vcpus = resource_field(initial=0, label=RESOURCE_LABELS["vcpus"])
+    memory_gib = resource_field(initial=0, label=RESOURCE_LABELS["memory_gib"])
+    gpus = resource_field(initial=0, label=RESOURCE_LABELS["gpus"])
+    storage_gib = resource_field(initial=0, label=RESOURCE_LABELS["storage_gib"])
+    global_ips = resource_field(initial=0, label=RESOURCE_LABELS["global_ips"])
+    valid_from = date_field(required=False, label=gettext_lazy("Valid from"))
+    valid_until = date_field(required=False, label=gettext_lazy("Valid until"))
 
 
 class ProjectApplicationForm(forms.Form):
@@ -58,15 +66,32 @@ class ProjectApplicationForm(forms.Form):
     projects offered; the service checks the role again)."""
 
     kind = forms.ChoiceField(
-        choices=[(Kind.RENEWAL, "Renewal (a later end date)"), (Kind.QUOTA, "Quota increase")]
+        label=gettext_lazy("Kind"),
+        choices=[
+            (Kind.RENEWAL, gettext_lazy("Renewal (a later end date)")),
+            (Kind.QUOTA, gettext_lazy("Quota increase")),
+        ],
     )
-    project = forms.ModelChoiceField(queryset=Project.objects.none(), to_field_name="slug")
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(), to_field_name="slug", label=gettext_lazy("Project")
+    )
     purpose = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 3}), help_text="why the project needs it"
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label=gettext_lazy("Purpose"),
+        help_text=gettext_lazy("why the project needs it"),
     )
-    title = forms.CharField(max_length=200, required=False, help_text="optional")
-    valid_until = date_field(required=False, label="New end date", help_text="renewal")
-    vcpus = resource_field(required=False, help_text="quota increase: the new limits")
+    title = forms.CharField(
+        max_length=200,
+        required=False,
+        label=gettext_lazy("Title"),
+        help_text=gettext_lazy("optional"),
+    )
+    valid_until = date_field(
+        required=False,
+        label=gettext_lazy("New end date"),
+        help_text=gettext_lazy("renewal"),
+    )
+    vcpus = resource_field(required=False, help_text=gettext_lazy("quota increase: the new limits"))
     memory_gib = resource_field(required=False)
     gpus = resource_field(required=False)
     storage_gib = resource_field(required=False)
@@ -151,7 +176,7 @@ def application_list(request):
                 form, lambda v: applications.application_submit(applicant=user, **v)
             )
         if ok:
-            messages.success(request, "Application submitted.")
+            messages.success(request, _("Application submitted."))
             return redirect("portal:applications")
     rows = (
         selectors.applications_visible_to(user)
@@ -190,7 +215,11 @@ def application_review(request, pk):
     except KumoError as e:
         messages.error(request, e.message)
     else:
-        messages.success(request, f"Application {pk}: {request.POST.get('decision')}.")
+        messages.success(
+            request,
+            _("Application %(pk)s: %(decision)s.")
+            % {"pk": pk, "decision": request.POST.get("decision")},
+        )
     return redirect("portal:applications")
 
 
@@ -200,7 +229,10 @@ def application_amend(request, pk):
     application = get_object_or_404(ProjectApplication, pk=pk, applicant=request.user)
     form = AmendForm(request.POST)
     if not form.is_valid():
-        messages.error(request, f"Application {pk} not amended: {_first_error(form)}")
+        messages.error(
+            request,
+            _("Application %(pk)s not amended: %(form)s") % {"pk": pk, "form": _first_error(form)},
+        )
         return redirect("portal:applications")
     try:
         applications.application_amend(
@@ -209,5 +241,5 @@ def application_amend(request, pk):
     except KumoError as e:
         messages.error(request, e.message)
     else:
-        messages.success(request, "Application amended and submitted again.")
+        messages.success(request, _("Application amended and submitted again."))
     return redirect("portal:applications")

@@ -21,6 +21,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import KumoError
@@ -63,7 +65,7 @@ class LoginView(auth_views.LoginView):
 class CodeForm(forms.Form):
     code = forms.CharField(
         max_length=20,
-        label="Code from your authenticator app, or a recovery code",
+        label=gettext_lazy("Code from your authenticator app, or a recovery code"),
         widget=forms.TextInput(attrs={"autocomplete": "one-time-code", "autofocus": True}),
     )
 
@@ -90,7 +92,7 @@ def login_verify(request):
             request.session[LOGIN_METHOD] = "password"
             if result.used_recovery_code:
                 left = mfa.recovery_codes_left(user)
-                messages.warning(request, f"Recovery code used: {left} left.")
+                messages.warning(request, _("Recovery code used: %(left)s left.") % {"left": left})
             target = pending.get("next") or ""
             if not url_has_allowed_host_and_scheme(target, {request.get_host()}):
                 target = reverse("portal:home")
@@ -98,9 +100,10 @@ def login_verify(request):
         status = 429 if result.throttled_for_s else 400
         form.add_error(
             "code",
-            f"Too many wrong codes: wait {result.throttled_for_s} s and try again."
+            _("Too many wrong codes: wait %(seconds)s s and try again.")
+            % {"seconds": result.throttled_for_s}
             if result.throttled_for_s
-            else "Wrong code.",
+            else _("Wrong code."),
         )
     return render(request, "portal/login_verify.html", {"form": form}, status=status)
 
@@ -135,15 +138,15 @@ def totp_setup(request):
             from django_otp import login as otp_login
 
             otp_login(request, request.user.totpdevice_set.filter(confirmed=True).first())
-            messages.success(request, "Second factor on. Keep your recovery codes safe.")
+            messages.success(request, _("Second factor on. Keep your recovery codes safe."))
         elif step == "recovery":
             request.session["kumo_recovery_codes"] = mfa.recovery_codes_regenerate(
                 user=request.user
             )
-            messages.success(request, "New recovery codes; the old ones no longer work.")
+            messages.success(request, _("New recovery codes; the old ones no longer work."))
         elif step == "disable":
             mfa.totp_disable(user=request.user, code=request.POST.get("code", ""))
-            messages.success(request, "Second factor off.")
+            messages.success(request, _("Second factor off."))
     except KumoError as e:
         messages.error(request, e.message)
     return redirect("portal:account")
@@ -169,7 +172,7 @@ class RequireSecondFactorMiddleware:
             and mfa.required_for(user)
             and not mfa.has_totp(user)
         ):
-            messages.warning(request, "This cloud requires a second factor: set it up first.")
+            messages.warning(request, _("This cloud requires a second factor: set it up first."))
             return redirect("portal:account")
         return self.get_response(request)
 
@@ -186,7 +189,7 @@ def invitation(request, secret: str):
         return render(
             request,
             "portal/refused.html",
-            {"title": "No such invitation", "message": "The link is wrong or was revoked."},
+            {"title": _("No such invitation"), "message": _("The link is wrong or was revoked.")},
             status=404,
         )
     if request.method == "POST":
@@ -196,10 +199,14 @@ def invitation(request, secret: str):
             return render(
                 request,
                 "portal/refused.html",
-                {"title": "Invitation not accepted", "message": e.message},
+                {"title": _("Invitation not accepted"), "message": e.message},
                 status=e.status,
             )
-        messages.success(request, f"You joined {membership.project.slug} as {membership.role}.")
+        messages.success(
+            request,
+            _("You joined %(slug)s as %(role)s.")
+            % {"slug": membership.project.slug, "role": membership.role},
+        )
         return redirect("portal:dashboard", slug=membership.project.slug)
     return page(
         request,

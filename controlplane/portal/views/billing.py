@@ -7,6 +7,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane.portal import charts, reports
@@ -29,7 +30,9 @@ def billing(request, project):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.budget_create(project=project, **v))
         if ok:
-            messages.success(request, f"Budget {form.cleaned_data['name']} created.")
+            messages.success(
+                request, _("Budget %(name)s created.") % {"name": form.cleaned_data["name"]}
+            )
             return redirect("portal:billing", slug=project.slug)
     now = timezone.now()
     spend = month_spend(project, now)
@@ -38,7 +41,7 @@ def billing(request, project):
         chart = charts.bars(
             [(f"{d:%d}", v) for d, v in reports.spend_by_day(project, now)],
             unit=spend["currency"],
-            title="Spend per day this month",
+            title=_("Spend per day this month"),
         )
     return page(
         request,
@@ -79,7 +82,7 @@ def budget_delete(request, project, pk):
     return act(
         request,
         services.budget_delete,
-        done=f"Budget {budget.name} deleted.",
+        done=_("Budget %(name)s deleted.") % {"name": budget.name},
         back=reverse("portal:billing", kwargs={"slug": project.slug}),
         budget=budget,
     )

@@ -5,6 +5,7 @@ spot), and drain / maintenance / return to service through
 
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute import services
@@ -38,7 +39,10 @@ def host_state(request, name):
     form = HostStateForm(request.POST)
     if not form.is_valid():
         form_invalid(form)
-        messages.error(request, f"{host.name}: choose drain, maintenance or return to service.")
+        messages.error(
+            request,
+            _("%(name)s: choose drain, maintenance or return to service.") % {"name": host.name},
+        )
         return redirect("portal:fleet")
     try:
         host = services.host_set_state(host=host, **form.cleaned_data)
@@ -46,5 +50,7 @@ def host_state(request, name):
         record_refusal(e.status, e.code, e.message, obj=host, details=e.details)
         messages.error(request, f"{host.name}: {e.message}")
     else:
-        messages.success(request, f"{host.name} is {host.state}.")
+        messages.success(
+            request, _("%(name)s is %(state)s.") % {"name": host.name, "state": host.state}
+        )
     return redirect("portal:fleet")

@@ -6,6 +6,7 @@ and deleting its own, written through ``compute.services``."""
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute import services
@@ -47,7 +48,12 @@ def images(request, project):
             else:
                 messages.success(
                     request,
-                    f"Image {image.name} uploaded ({image.size_bytes} bytes, {image.checksum}).",
+                    _("Image %(name)s uploaded (%(size_bytes)s bytes, %(checksum)s).")
+                    % {
+                        "name": image.name,
+                        "size_bytes": image.size_bytes,
+                        "checksum": image.checksum,
+                    },
                 )
                 return redirect("portal:images", slug=project.slug)
     return page(
@@ -69,7 +75,7 @@ def image_delete(request, project, pk):
     return act(
         request,
         services.image_delete,
-        done=f"Image {image.name} deleted.",
+        done=_("Image %(name)s deleted.") % {"name": image.name},
         back=reverse("portal:images", kwargs={"slug": project.slug}),
         image=image,
     )

@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute import guarantees, services
@@ -93,9 +94,18 @@ def leases(request, project):
                 start, end = timezone.localtime(lease.starts_at), timezone.localtime(lease.ends_at)
                 messages.success(
                     request,
-                    f"Lease {lease.name} reserved: {lease.gpus} {lease.gpu_model} GPUs from "
-                    f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} "
-                    f"{timezone.get_current_timezone_name()}.",
+                    _(
+                        "Lease %(name)s reserved: %(gpus)s %(gpu_model)s GPUs from %(start)s "
+                        "to %(end)s %(zone)s."
+                    )
+                    % {
+                        "name": lease.name,
+                        "gpus": lease.gpus,
+                        "gpu_model": lease.gpu_model,
+                        "start": f"{start:%Y-%m-%d %H:%M}",
+                        "end": f"{end:%Y-%m-%d %H:%M}",
+                        "zone": timezone.get_current_timezone_name(),
+                    },
                 )
                 return redirect("portal:leases", slug=project.slug)
     now = timezone.now()
@@ -127,7 +137,7 @@ def lease_cancel(request, project, pk):
     return act(
         request,
         services.lease_cancel,
-        done=f"Lease {lease.name} cancelled.",
+        done=_("Lease %(name)s cancelled.") % {"name": lease.name},
         back=reverse("portal:leases", kwargs={"slug": project.slug}),
         lease=lease,
         actor=request.user,

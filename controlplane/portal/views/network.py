@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane.portal.access import project_page
@@ -47,7 +48,9 @@ def networks(request, project):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.network_create(project=project, **v))
         if ok:
-            messages.success(request, f"Network {form.cleaned_data['name']} created.")
+            messages.success(
+                request, _("Network %(name)s created.") % {"name": form.cleaned_data["name"]}
+            )
             return redirect("portal:networks", slug=project.slug)
     subnets = {}
     for subnet in Subnet.objects.for_project(project).order_by("created_at"):
@@ -76,11 +79,11 @@ def subnet_dns(request, project, pk):
     the network's own resolver)."""
     subnet = get_object_or_404(Subnet.objects.for_project(project), pk=pk)
     servers = request.POST.get("dns_servers", "").replace(",", " ").split()
-    told = ", ".join(servers) or "the network's own resolver"
+    told = ", ".join(servers) or _("the network's own resolver")
     return act(
         request,
         services.subnet_update,
-        done=f"Subnet {subnet.cidr}: guests are told {told}.",
+        done=_("Subnet %(cidr)s: guests are told %(told)s.") % {"cidr": subnet.cidr, "told": told},
         back=reverse("portal:networks", kwargs={"slug": project.slug}),
         subnet=subnet,
         dns_servers=servers,
@@ -116,15 +119,15 @@ def network_detail(request, project, pk):
             messages.success(
                 request,
                 {
-                    "subnet": "Subnet added.",
-                    "port": "Port created.",
-                    "outbound": "Outbound access saved.",
+                    "subnet": _("Subnet added."),
+                    "port": _("Port created."),
+                    "outbound": _("Outbound access saved."),
                 }[which],
             )
             return redirect("portal:network-detail", slug=project.slug, pk=network.pk)
     elif request.method == "POST":
         status = 400
-        messages.error(request, "form: say which form this is (subnet, port or outbound).")
+        messages.error(request, _("form: say which form this is (subnet, port or outbound)."))
     ports = (
         Port.objects.for_project(project)
         .filter(network=network)
@@ -160,7 +163,7 @@ def subnet_delete(request, project, pk):
     return act(
         request,
         services.subnet_delete,
-        done=f"Subnet {subnet.cidr} removed.",
+        done=_("Subnet %(cidr)s removed.") % {"cidr": subnet.cidr},
         back=reverse(
             "portal:network-detail", kwargs={"slug": project.slug, "pk": subnet.network_id}
         ),
@@ -175,7 +178,7 @@ def port_delete(request, project, pk):
     return act(
         request,
         services.port_delete,
-        done=f"Port {port.name or port.pk} deleted.",
+        done=_("Port %(port)s deleted.") % {"port": port.name or port.pk},
         back=reverse("portal:network-detail", kwargs={"slug": project.slug, "pk": port.network_id}),
         port=port,
     )
@@ -188,7 +191,7 @@ def network_delete(request, project, pk):
     return act(
         request,
         services.network_delete,
-        done=f"Network {network.name} deleted.",
+        done=_("Network %(name)s deleted.") % {"name": network.name},
         back=reverse("portal:networks", kwargs={"slug": project.slug}),
         network=network,
     )
@@ -204,7 +207,9 @@ def security_groups(request, project):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.security_group_create(project=project, **v))
         if ok:
-            messages.success(request, f"Security group {form.cleaned_data['name']} created.")
+            messages.success(
+                request, _("Security group %(name)s created.") % {"name": form.cleaned_data["name"]}
+            )
             return redirect("portal:security-groups", slug=project.slug)
     groups = SecurityGroup.objects.for_project(project).prefetch_related("rules").order_by("name")
     return page(
@@ -229,7 +234,7 @@ def security_group_detail(request, project, pk):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.rule_create(group=group, **v))
         if ok:
-            messages.success(request, f"Rule added to {group.name}.")
+            messages.success(request, _("Rule added to %(name)s.") % {"name": group.name})
             return redirect("portal:security-group", slug=project.slug, pk=group.pk)
     rules = (
         SecurityGroupRule.objects.for_project(project)
@@ -253,7 +258,7 @@ def security_group_delete(request, project, pk):
     return act(
         request,
         services.security_group_delete,
-        done=f"Security group {group.name} deleted.",
+        done=_("Security group %(name)s deleted.") % {"name": group.name},
         back=reverse("portal:security-groups", kwargs={"slug": project.slug}),
         group=group,
     )
@@ -266,7 +271,7 @@ def rule_delete(request, project, pk):
     return act(
         request,
         services.rule_delete,
-        done=f"Rule {rule} removed.",
+        done=_("Rule %(rule)s removed.") % {"rule": rule},
         back=reverse("portal:security-group", kwargs={"slug": project.slug, "pk": rule.group_id}),
         rule=rule,
     )
@@ -300,7 +305,7 @@ def global_ips(request, project):
                 lambda v: services.port_forward_create(address=v.pop("global_ip"), **v),
             )
         if ok:
-            messages.success(request, "Done.")
+            messages.success(request, _("Done."))
             return redirect("portal:global-ips", slug=project.slug)
     return page(
         request,
@@ -328,7 +333,7 @@ def global_ip_release(request, project, pk):
     return act(
         request,
         services.global_ip_release,
-        done=f"{address.address} released.",
+        done=_("%(address)s released.") % {"address": address.address},
         back=reverse("portal:global-ips", kwargs={"slug": project.slug}),
         address=address,
     )
@@ -342,7 +347,7 @@ def global_ip_disassociate(request, project, pk):
     return act(
         request,
         services.global_ip_associate,
-        done=f"{address.address} no longer maps to a VM.",
+        done=_("%(address)s no longer maps to a VM.") % {"address": address.address},
         back=reverse("portal:global-ips", kwargs={"slug": project.slug}),
         address=address,
         port=None,
@@ -356,7 +361,7 @@ def port_forward_delete(request, project, pk):
     return act(
         request,
         services.port_forward_delete,
-        done="Port forward removed.",
+        done=_("Port forward removed."),
         back=reverse("portal:global-ips", kwargs={"slug": project.slug}),
         forward=forward,
     )
@@ -376,7 +381,8 @@ def connections(request, project):
         if ok:
             messages.success(
                 request,
-                f"Connection {form.cleaned_data['name']} requested; an operator reviews it.",
+                _("Connection %(name)s requested; an operator reviews it.")
+                % {"name": form.cleaned_data["name"]},
             )
             return redirect("portal:connections", slug=project.slug)
     return page(
@@ -400,7 +406,7 @@ def connection_delete(request, project, pk):
     return act(
         request,
         services.connection_delete,
-        done=f"Connection {connection.name} deleted.",
+        done=_("Connection %(name)s deleted.") % {"name": connection.name},
         back=reverse("portal:connections", kwargs={"slug": project.slug}),
         connection=connection,
     )

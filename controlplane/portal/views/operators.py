@@ -6,6 +6,7 @@ project's external connection requests to approve or reject
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane.portal.access import form_invalid, staff_page
@@ -38,7 +39,7 @@ def project_quota(request, slug):
     if request.method == "POST":
         ok, status = submit(form, lambda v: tenant_services.quota_set(project=project, **v))
         if ok:
-            messages.success(request, f"Quota of {project.slug} saved.")
+            messages.success(request, _("Quota of %(slug)s saved.") % {"slug": project.slug})
             return redirect("portal:fleet-projects")
     return page(
         request,
@@ -70,14 +71,20 @@ def connection_review(request, pk, verdict):
     form = ReviewForm(request.POST)
     if not form.is_valid():
         form_invalid(form)
-        messages.error(request, f"{connection.name}: the note is at most 500 characters.")
+        messages.error(
+            request, _("%(name)s: the note is at most 500 characters.") % {"name": connection.name}
+        )
         return redirect("portal:fleet-connections")
     approve = verdict == "approve"
     return act(
         request,
         network_services.connection_review,
-        done=f"Connection {connection.project.slug}/{connection.name} "
-        f"{'approved' if approve else 'rejected'}.",
+        done=(
+            _("Connection %(slug)s/%(name)s approved.")
+            if approve
+            else _("Connection %(slug)s/%(name)s rejected.")
+        )
+        % {"slug": connection.project.slug, "name": connection.name},
         back=reverse("portal:fleet-connections"),
         connection=connection,
         approve=approve,

@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane.errors import KumoError
@@ -32,7 +33,9 @@ def members(request, project):
             lambda v: invitations.invitation_create(project=project, actor=request.user, **v),
         )
         if ok:
-            messages.success(request, f"Invitation sent to {form.cleaned_data['email']}.")
+            messages.success(
+                request, _("Invitation sent to %(email)s.") % {"email": form.cleaned_data["email"]}
+            )
             return redirect("portal:members", slug=project.slug)
     return page(
         request,
@@ -59,7 +62,7 @@ def invitation_revoke(request, project, pk):
     return act(
         request,
         invitations.invitation_revoke,
-        done=f"Invitation to {invitation.email} revoked.",
+        done=_("Invitation to %(email)s revoked.") % {"email": invitation.email},
         back=reverse("portal:members", kwargs={"slug": project.slug}),
         invitation=invitation,
     )
@@ -79,12 +82,13 @@ def member_role(request, project, username):
     form = RoleForm(request.POST)
     if not form.is_valid():
         form_invalid(form)
-        messages.error(request, "Choose a role.")
+        messages.error(request, _("Choose a role."))
         return redirect("portal:members", slug=project.slug)
     return act(
         request,
         services.membership_update,
-        done=f"{username} is now {form.cleaned_data['role']}.",
+        done=_("%(username)s is now %(role)s.")
+        % {"username": username, "role": form.cleaned_data["role"]},
         back=reverse("portal:members", kwargs={"slug": project.slug}),
         membership=membership,
         role=form.cleaned_data["role"],
@@ -98,7 +102,7 @@ def member_remove(request, project, username):
     return act(
         request,
         services.membership_remove,
-        done=f"{username} removed.",
+        done=_("%(username)s removed.") % {"username": username},
         back=reverse("portal:members", kwargs={"slug": project.slug}),
         membership=_membership(project, username),
         actor=request.user,
@@ -115,7 +119,7 @@ def ssh_keys(request):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.sshkey_add(user=request.user, **v))
         if ok:
-            messages.success(request, "SSH key added.")
+            messages.success(request, _("SSH key added."))
             return redirect("portal:ssh-keys")
     return page(
         request,
@@ -132,7 +136,7 @@ def ssh_key_delete(request, pk):
     return act(
         request,
         services.sshkey_delete,
-        done=f"SSH key {key.name} deleted.",
+        done=_("SSH key %(name)s deleted.") % {"name": key.name},
         back=reverse("portal:ssh-keys"),
         key=key,
     )
@@ -181,7 +185,7 @@ def token_revoke(request, pk):
     return act(
         request,
         services.token_revoke,
-        done=f"Token {token.name} revoked.",
+        done=_("Token %(name)s revoked.") % {"name": token.name},
         back=reverse("portal:tokens"),
         token=token,
     )

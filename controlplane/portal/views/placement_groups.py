@@ -5,6 +5,7 @@ from django.contrib import messages
 from django.db.models import Count, Q
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute import services
@@ -22,7 +23,10 @@ def placement_groups(request, project):
     if request.method == "POST":
         ok, status = submit(form, lambda v: services.placement_group_create(project=project, **v))
         if ok:
-            messages.success(request, f"Placement group {form.cleaned_data['name']} created.")
+            messages.success(
+                request,
+                _("Placement group %(name)s created.") % {"name": form.cleaned_data["name"]},
+            )
             return redirect("portal:placement-groups", slug=project.slug)
     groups = (
         PlacementGroup.objects.for_project(project)
@@ -45,7 +49,7 @@ def placement_group_delete(request, project, pk):
     return act(
         request,
         services.placement_group_delete,
-        done=f"Placement group {group.name} deleted.",
+        done=_("Placement group %(name)s deleted.") % {"name": group.name},
         back=reverse("portal:placement-groups", kwargs={"slug": project.slug}),
         group=group,
     )

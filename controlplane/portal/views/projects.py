@@ -4,6 +4,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from compute.choices import VmState
 from compute.models import VirtualMachine
@@ -68,7 +69,7 @@ def dashboard(request, project):
             "gpu_chart": charts.bars(
                 [(f"{d:%d}", v) for d, v in gpu_days],
                 unit="GPU-h",
-                title="GPU-hours per day this month",
+                title=_("GPU-hours per day this month"),
             ),
             "spend": month_spend(project, now),
             "events": Event.objects.for_project(project).order_by("-created_at")[:8],
@@ -91,6 +92,6 @@ def project_settings(request, project):
     if request.method == "POST":
         ok, status = submit(form, lambda v: tenant_services.project_update(project=project, **v))
         if ok:
-            messages.success(request, "Project settings saved.")
+            messages.success(request, _("Project settings saved."))
             return redirect("portal:project-settings", slug=project.slug)
     return page(request, "portal/settings.html", {"form": form}, project=project, status=status)

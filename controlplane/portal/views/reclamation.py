@@ -4,6 +4,8 @@ with the time it will happen."""
 
 from datetime import timedelta
 
+from django.utils.translation import gettext as _
+
 from compute import services
 from controlplane.portal.access import project_page
 from controlplane.portal.views.common import page
@@ -18,22 +20,35 @@ def reclamation(request, project):
     report = services.reclamation_report(project)
     t = report["thresholds"]
     idle = (
-        f"warned after {_duration(t['idle_after_s'])} under {t['idle_cpu_percent']}% CPU, "
-        f"stopped {_duration(t['idle_warning_s'])} later unless busy again"
+        _(
+            "warned after %(after)s under %(percent)s%% CPU, "
+            "stopped %(warning)s later unless busy again"
+        )
+        % {
+            "after": _duration(t["idle_after_s"]),
+            "percent": t["idle_cpu_percent"],
+            "warning": _duration(t["idle_warning_s"]),
+        }
         if t["idle_after_s"]
-        else "never stopped for being idle at this site"
+        else _("never stopped for being idle at this site")
     )
     rules = [
-        ("Idle VMs", idle),
+        (_("Idle VMs"), idle),
         (
-            "When the project expires",
-            f"its running VMs stop {_duration(t['expired_stop_notice_s'])} after the notice; "
-            f"stopped VMs are deleted {_duration(t['expired_delete_grace_s'])} after they stopped",
+            _("When the project expires"),
+            _(
+                "its running VMs stop %(notice)s after the notice; "
+                "stopped VMs are deleted %(grace)s after they stopped"
+            )
+            % {
+                "notice": _duration(t["expired_stop_notice_s"]),
+                "grace": _duration(t["expired_delete_grace_s"]),
+            },
         ),
         (
-            "Spot VMs",
-            f"when their eviction notice ends, {_duration(t['spot_stop_grace_s'])} to shut down "
-            "before they are forced off",
+            _("Spot VMs"),
+            _("when their eviction notice ends, %(grace)s to shut down before they are forced off")
+            % {"grace": _duration(t["spot_stop_grace_s"])},
         ),
     ]
     return page(

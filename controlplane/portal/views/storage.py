@@ -7,6 +7,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute.choices import VmState
@@ -65,7 +66,9 @@ def storage(request, project):
             which = "volume"
             ok, status = submit(volume_form, lambda v: services.volume_create(project=project, **v))
         if ok:
-            messages.success(request, f"{which.capitalize()} created.")
+            messages.success(
+                request, _("Bucket created.") if which == "bucket" else _("Volume created.")
+            )
             return redirect("portal:storage", slug=project.slug)
     return _render(
         request, project, status=status, volume_form=volume_form, bucket_form=bucket_form
@@ -98,8 +101,10 @@ def volume_attach(request, project, pk):
         project,
         form,
         lambda v: services.volume_attach(volume=volume, vm=v["vm"]),
-        title=f"Attach volume {volume.name}",
-        done=lambda v: f"Volume {volume.name} attached to VM {v['vm'].name}.",
+        title=_("Attach volume %(name)s") % {"name": volume.name},
+        done=lambda v: (
+            _("Volume %(name)s attached to VM %(vm)s.") % {"name": volume.name, "vm": v["vm"].name}
+        ),
     )
 
 
@@ -113,8 +118,11 @@ def volume_extend(request, project, pk):
         project,
         form,
         lambda v: services.volume_extend(volume=volume, size_gib=v["size_gib"]),
-        title=f"Extend volume {volume.name}",
-        done=lambda v: f"Volume {volume.name} extended to {v['size_gib']} GiB.",
+        title=_("Extend volume %(name)s") % {"name": volume.name},
+        done=lambda v: (
+            _("Volume %(name)s extended to %(size)s GiB.")
+            % {"name": volume.name, "size": v["size_gib"]}
+        ),
     )
 
 
@@ -125,7 +133,7 @@ def volume_detach(request, project, pk):
     return act(
         request,
         services.volume_detach,
-        done=f"Volume {volume.name} detached.",
+        done=_("Volume %(name)s detached.") % {"name": volume.name},
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         volume=volume,
     )
@@ -138,7 +146,7 @@ def volume_delete(request, project, pk):
     return act(
         request,
         services.volume_delete,
-        done=f"Volume {volume.name} deleted.",
+        done=_("Volume %(name)s deleted.") % {"name": volume.name},
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         volume=volume,
     )
@@ -151,7 +159,7 @@ def bucket_delete(request, project, pk):
     return act(
         request,
         services.bucket_delete,
-        done=f"Bucket {bucket.name} deleted.",
+        done=_("Bucket %(name)s deleted.") % {"name": bucket.name},
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         bucket=bucket,
     )
@@ -186,7 +194,7 @@ def access_key_delete(request, project, pk):
     return act(
         request,
         services.access_key_delete,
-        done=f"Access key {key.access_key_id} deleted.",
+        done=_("Access key %(access_key_id)s deleted.") % {"access_key_id": key.access_key_id},
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         key=key,
     )

@@ -8,6 +8,7 @@ from django import forms
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane.portal.access import staff_page
@@ -45,14 +46,17 @@ def _back(request) -> str:
 def user_deactivate(request, username):
     user = get_object_or_404(User, username=username)
     if user == request.user:
-        messages.error(request, "You cannot lock yourself out; ask another operator.")
+        messages.error(request, _("You cannot lock yourself out; ask another operator."))
         return redirect(_back(request))
     form = DeactivateForm(request.POST)
     reason = form.cleaned_data["reason"] if form.is_valid() else ""
     return act(
         request,
         users.user_deactivate,
-        done=f"{username} is deactivated: their sessions ended and their API tokens are revoked.",
+        done=_(
+            "%(username)s is deactivated: their sessions ended and their API tokens are revoked."
+        )
+        % {"username": username},
         back=_back(request),
         user=user,
         reason=reason,
@@ -65,7 +69,7 @@ def user_reactivate(request, username):
     return act(
         request,
         users.user_reactivate,
-        done=f"{username} may log in again (with new API tokens).",
+        done=_("%(username)s may log in again (with new API tokens).") % {"username": username},
         back=_back(request),
         user=get_object_or_404(User, username=username),
     )

@@ -8,6 +8,8 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from compute import services
@@ -34,6 +36,18 @@ ACTIONS = {
     "shelve": services.vm_shelve,
     "unshelve": services.vm_unshelve,
     "delete": services.vm_delete,
+}
+
+# What a button's success says (the English of each is "<Action> of VM <name> requested.").
+ACTION_DONE = {
+    "start": gettext_lazy("Start of VM %(name)s requested."),
+    "stop": gettext_lazy("Stop of VM %(name)s requested."),
+    "reboot": gettext_lazy("Reboot of VM %(name)s requested."),
+    "reset": gettext_lazy("Reset of VM %(name)s requested."),
+    "power_off": gettext_lazy("Power-off of VM %(name)s requested."),
+    "shelve": gettext_lazy("Shelve of VM %(name)s requested."),
+    "unshelve": gettext_lazy("Unshelve of VM %(name)s requested."),
+    "delete": gettext_lazy("Delete of VM %(name)s requested."),
 }
 
 
@@ -136,7 +150,9 @@ def vm_create(request, project):
         except KumoError as e:
             status = form_error(form, e)
         else:
-            messages.success(request, f"VM {vm.name} is {vm.state}.")
+            messages.success(
+                request, _("VM %(name)s is %(state)s.") % {"name": vm.name, "state": vm.state}
+            )
             return redirect("portal:vm-detail", slug=project.slug, pk=vm.pk)
     elif request.method == "POST":
         status = 400
@@ -282,7 +298,7 @@ def vm_console_log(request, project, pk):
     vm = _vm(project, pk)
     output, problem = "", ""
     if not Role.at_least(request.membership.role, Role.MEMBER):
-        problem = "Only members of the project may read a VM's console."
+        problem = _("Only members of the project may read a VM's console.")
     else:
         try:
             operation = services.vm_console_log(vm=vm, max_bytes=65536, actor=request.user)
@@ -291,9 +307,11 @@ def vm_console_log(request, project, pk):
         else:
             done = wait_for_operation(operation, settings.CONSOLE_LOG_WAIT_S)
             if done is None:
-                problem = "The VM's host has not answered yet; reload in a moment."
+                problem = _("The VM's host has not answered yet; reload in a moment.")
             elif done.state != "succeeded":
-                problem = f"The VM's host could not read the console: {done.error_message}"
+                problem = _("The VM's host could not read the console: %(error_message)s") % {
+                    "error_message": done.error_message
+                }
             else:
                 output = done.result.get("output", "")
     return page(
@@ -313,9 +331,12 @@ def vm_console(request, project, pk):
     vm = _vm(project, pk)
     problem = ""
     if not Role.at_least(request.membership.role, Role.MEMBER):
-        problem = "Only members of the project may open a VM's console."
+        problem = _("Only members of the project may open a VM's console.")
     elif vm.state != VmState.RUNNING:
-        problem = f"{vm.name} is {vm.state}: only a running VM has a console to open."
+        problem = _("%(name)s is %(state)s: only a running VM has a console to open.") % {
+            "name": vm.name,
+            "state": vm.state,
+        }
     return page(request, "portal/vms/console.html", {"vm": vm, "problem": problem}, project=project)
 
 
@@ -363,7 +384,7 @@ def vm_action(request, project, pk, action):
     return act(
         request,
         ACTIONS[action],
-        done=f"{action.replace('_', '-').capitalize()} of VM {vm.name} requested.",
+        done=ACTION_DONE[action] % {"name": vm.name},
         back=back,
         vm=vm,
         actor=request.user,

@@ -5,6 +5,7 @@ through ``controlplane.services``."""
 from django.contrib import messages
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from controlplane import services
@@ -30,7 +31,9 @@ def webhooks(request, project):
         ok, status = submit(form, create)
         if ok:
             secret = created["secret"]
-            messages.success(request, f"Webhook to {created['hook'].url} created.")
+            messages.success(
+                request, _("Webhook to %(url)s created.") % {"url": created["hook"].url}
+            )
             form = WebhookForm()
     return page(
         request,
@@ -53,7 +56,7 @@ def webhook_delete(request, project, pk):
     return act(
         request,
         services.webhook_delete,
-        done=f"Webhook to {hook.url} deleted.",
+        done=_("Webhook to %(url)s deleted.") % {"url": hook.url},
         back=reverse("portal:webhooks", kwargs={"slug": project.slug}),
         webhook=hook,
     )

@@ -6,6 +6,9 @@
   if (!el) return;
   const status = document.getElementById("console-status");
   const again = document.getElementById("console-reconnect");
+  // The page's language: the template puts each status line, translated, in a data-text-*
+  // attribute of the terminal's element; English is the fallback.
+  const say = (key, english) => el.dataset[key] || english;
   const term = new Terminal({ cursorBlink: true, scrollback: 5000 });
   const fit = new FitAddon.FitAddon();
   term.loadAddon(fit);
@@ -20,7 +23,7 @@
 
   async function connect() {
     again.hidden = true;
-    status.textContent = "Asking for a console token…";
+    status.textContent = say("textAsking", "Asking for a console token…");
     let answer, body = {};
     try {
       answer = await fetch(el.dataset.tokenUrl, {
@@ -30,24 +33,32 @@
       });
       body = await answer.json();
     } catch (e) {
-      body.message = body.message || "The portal did not answer.";
+      body.message = body.message || say("textNoAnswer", "The portal did not answer.");
     }
     if (!answer || !answer.ok) {
-      status.textContent = body.message || "Refused (" + (answer && answer.status) + ").";
+      status.textContent =
+        body.message || say("textRefused", "Refused") + " (" + (answer && answer.status) + ").";
       again.hidden = false;
       return;
     }
     socket = new WebSocket(body.url);
     socket.binaryType = "arraybuffer";
     socket.onopen = () => {
-      status.textContent = "Connected to the serial console. Press Enter if it stays quiet.";
+      status.textContent = say(
+        "textConnected",
+        "Connected to the serial console. Press Enter if it stays quiet.",
+      );
       term.focus();
     };
     socket.onmessage = (e) =>
       term.write(typeof e.data === "string" ? e.data : new Uint8Array(e.data));
     socket.onclose = (e) => {
       status.textContent =
-        "Disconnected" + (e.reason ? ": " + e.reason : "") + " (" + e.code + ").";
+        say("textDisconnected", "Disconnected") +
+        (e.reason ? ": " + e.reason : "") +
+        " (" +
+        e.code +
+        ").";
       socket = null;
       again.hidden = false;
     };

@@ -6,7 +6,7 @@ document.addEventListener("change", (e) => {
 function tick() {
   for (const el of document.querySelectorAll("[data-deadline]")) {
     const left = Math.max(0, Math.round((Date.parse(el.dataset.deadline) - Date.now()) / 1000));
-    el.textContent = left > 0 ? left + " s" : "now";
+    el.textContent = left > 0 ? left + " s" : el.dataset.now || "now"; // data-now: translated
   }
 }
 setInterval(tick, 1000);
@@ -19,6 +19,6 @@ document.addEventListener("click", (e) => {
   const source = document.querySelector(button.dataset.copy);
   if (!source || !navigator.clipboard) return;
   navigator.clipboard.writeText(source.textContent.trim()).then(() => {
-    button.textContent = "Copied";
+    button.textContent = button.dataset.copied || "Copied"; // data-copied: translated
   });
 });
