@@ -77,6 +77,7 @@ project_urls = [
     path("images/<int:pk>/delete/", images.image_delete, name="image-delete"),
     path("storage/", storage.storage, name="storage"),
     path("volumes/<uuid:pk>/delete/", storage.volume_delete, name="volume-delete"),
+    path("shares/<uuid:pk>/delete/", storage.share_delete, name="share-delete"),
     path("buckets/<int:pk>/delete/", storage.bucket_delete, name="bucket-delete"),
     path("volumes/<uuid:pk>/attach/", storage.volume_attach, name="volume-attach"),
     path("volumes/<uuid:pk>/detach/", storage.volume_detach, name="volume-detach"),

@@ -146,6 +146,19 @@ def volume_delete(request, project, pk):
 
 @require_POST
 @project_page()
+def share_delete(request, project, pk):
+    share = get_object_or_404(Share.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.share_delete,
+        done=f"Share {share.name} deleted.",
+        back=reverse("portal:storage", kwargs={"slug": project.slug}),
+        share=share,
+    )
+
+
+@require_POST
+@project_page()
 def bucket_delete(request, project, pk):
     bucket = get_object_or_404(Bucket.objects.for_project(project), pk=pk)
     return act(
