@@ -99,6 +99,7 @@ project_urls = [
     path("invitations/<int:pk>/revoke/", people.invitation_revoke, name="invitation-revoke"),
     path("billing/", billing.billing, name="billing"),
     path("billing/invoices/<int:pk>.csv", billing.invoice_csv, name="invoice-csv"),
+    path("billing/invoices/<int:pk>.json", billing.invoice_json, name="invoice-json"),
     path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),
     path("audit/", audit.audit_log, name="audit"),
 ]
@@ -114,6 +115,11 @@ urlpatterns = [
         "applications/<int:pk>/review/", applications.application_review, name="application-review"
     ),
     path("applications/<int:pk>/amend/", applications.application_amend, name="application-amend"),
+    path(
+        "applications/<int:pk>/withdraw/",
+        applications.application_withdraw,
+        name="application-withdraw",
+    ),
     path("account/second-factor/", auth.totp_setup, name="totp-setup"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", projects.home, name="home"),

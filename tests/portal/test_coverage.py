@@ -136,6 +136,7 @@ PORTAL = {
     f"GET {P}invoices/": "portal:billing",
     f"GET {P}invoices/{{id}}/": "portal:billing",
     f"GET {P}invoices/{{id}}/csv/": "portal:invoice-csv",
+    f"GET {P}invoices/{{id}}/json/": "portal:invoice-json",
     f"GET {P}budgets/": "portal:billing",
     f"POST {P}budgets/": "portal:billing",
     f"GET {P}budgets/{{id}}/": "portal:billing",
@@ -158,6 +159,7 @@ PORTAL = {
     "GET /api/v1/applications/{id}/": "portal:applications",
     "PATCH /api/v1/applications/{id}/": "portal:application-amend",
     "POST /api/v1/applications/{id}/review/": "portal:application-review",
+    "POST /api/v1/applications/{id}/withdraw/": "portal:application-withdraw",
     # Operators (/fleet/)
     f"GET {A}hosts/": "portal:fleet",
     f"GET {A}hosts/{{name}}/": "portal:fleet",
@@ -206,9 +208,7 @@ NOT_IN_PORTAL = {
     f"POST {P}shares/{{id}}/extend/": f"growing a share: {CLI}",
     f"PATCH {P}buckets/{{name}}/": f"changing a bucket's settings: {CLI}",
     f"PATCH {P}budgets/{{id}}/": f"changing a budget (delete it and add another): {CLI}",
-    f"GET {P}invoices/{{id}}/json/": f"the portal offers the CSV; the signed JSON document: {CLI}",
     f"GET {P}invoices/{{id}}/verify/": f"checking an invoice's signature: {CLI}",
-    "POST /api/v1/applications/{id}/withdraw/": f"withdrawing an application: {CLI}",
     # Operators': the admin console, or the CLI.
     f"GET {A}audit-events/": ADMIN_CONSOLE,
     f"GET {A}audit-events/{{id}}/": ADMIN_CONSOLE,

@@ -72,6 +72,18 @@ def invoice_csv(request, project, pk):
     return response
 
 
+@project_page()
+def invoice_json(request, project, pk):
+    """The invoice's canonical, signed JSON document, byte for byte what the API serves
+    (its SHA-256 in ``X-Content-SHA256``)."""
+    invoice = get_object_or_404(Invoice.objects.for_project(project), pk=pk)
+    response = HttpResponse(invoice.document.encode(), content_type="application/json")
+    name = f"kumo-invoice-{project.slug}-{invoice.period_start:%Y-%m}.json"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-SHA256"] = invoice.content_hash
+    return response
+
+
 @require_POST
 @project_page(write_role=Role.ADMIN)
 def budget_delete(request, project, pk):
