@@ -299,6 +299,10 @@ class VolumeExtendForm(forms.Form):
     size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="New size (GiB)")
 
 
+class ShareExtendForm(forms.Form):
+    quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="New quota (GiB)")
+
+
 class AccessKeyForm(forms.Form):
     description = forms.CharField(max_length=200, required=False)
 

@@ -78,6 +78,7 @@ project_urls = [
     path("storage/", storage.storage, name="storage"),
     path("volumes/<uuid:pk>/delete/", storage.volume_delete, name="volume-delete"),
     path("shares/<uuid:pk>/delete/", storage.share_delete, name="share-delete"),
+    path("shares/<uuid:pk>/extend/", storage.share_extend, name="share-extend"),
     path("buckets/<int:pk>/delete/", storage.bucket_delete, name="bucket-delete"),
     path("volumes/<uuid:pk>/attach/", storage.volume_attach, name="volume-attach"),
     path("volumes/<uuid:pk>/detach/", storage.volume_detach, name="volume-detach"),

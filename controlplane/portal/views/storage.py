@@ -15,6 +15,7 @@ from controlplane.portal.access import project_page
 from controlplane.portal.forms import (
     AccessKeyForm,
     BucketForm,
+    ShareExtendForm,
     VolumeAttachForm,
     VolumeExtendForm,
     VolumeForm,
@@ -141,6 +142,21 @@ def volume_delete(request, project, pk):
         done=f"Volume {volume.name} deleted.",
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         volume=volume,
+    )
+
+
+@require_POST
+@project_page()
+def share_extend(request, project, pk):
+    share = get_object_or_404(Share.objects.for_project(project), pk=pk)
+    form = ShareExtendForm(request.POST)
+    return _volume_form(
+        request,
+        project,
+        form,
+        lambda v: services.share_extend(share=share, quota_gib=v["quota_gib"]),
+        title=f"Extend share {share.name}",
+        done=lambda v: f"Share {share.name} extended to {v['quota_gib']} GiB.",
     )
 
 
