@@ -176,6 +176,7 @@ PORTAL = {
     f"POST {A}external-connections/{{id}}/reject/": "portal:connection-review",
     f"GET {A}leases/": "portal:fleet-leases",
     f"GET {A}leases/{{id}}/": "portal:fleet-leases",
+    f"POST {A}leases/{{id}}/cancel/": "portal:fleet-lease-cancel",
     f"GET {A}users/": "portal:users",
     f"GET {A}users/{{username}}/": "portal:users",
     f"POST {A}users/{{username}}/deactivate/": "portal:user-deactivate",
@@ -244,7 +245,6 @@ NOT_IN_PORTAL = {
     f"GET {A}invoices/{{id}}/verify/": f"{ADMIN_CONSOLE}: Invoices, verify",
     f"POST {A}invoices/issue/": f"{ADMIN_CONSOLE} (Projects, issue last month's); another "
     f"period: {CLI}",
-    f"POST {A}leases/{{id}}/cancel/": f"cancelling another project's lease: {CLI}",
     f"GET {A}operations/": ADMIN_CONSOLE,
     f"GET {A}operations/{{id}}/": ADMIN_CONSOLE,
     f"GET {A}points/": ADMIN_CONSOLE,
