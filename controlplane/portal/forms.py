@@ -303,6 +303,10 @@ class ShareExtendForm(forms.Form):
     quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="New quota (GiB)")
 
 
+class BucketQuotaForm(forms.Form):
+    quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label="Quota (GiB)")
+
+
 class AccessKeyForm(forms.Form):
     description = forms.CharField(max_length=200, required=False)
 

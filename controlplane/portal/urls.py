@@ -79,6 +79,7 @@ project_urls = [
     path("volumes/<uuid:pk>/delete/", storage.volume_delete, name="volume-delete"),
     path("shares/<uuid:pk>/delete/", storage.share_delete, name="share-delete"),
     path("shares/<uuid:pk>/extend/", storage.share_extend, name="share-extend"),
+    path("buckets/<int:pk>/quota/", storage.bucket_quota, name="bucket-quota"),
     path("buckets/<int:pk>/delete/", storage.bucket_delete, name="bucket-delete"),
     path("volumes/<uuid:pk>/attach/", storage.volume_attach, name="volume-attach"),
     path("volumes/<uuid:pk>/detach/", storage.volume_detach, name="volume-detach"),
@@ -101,6 +102,7 @@ project_urls = [
     path("billing/", billing.billing, name="billing"),
     path("billing/invoices/<int:pk>.csv", billing.invoice_csv, name="invoice-csv"),
     path("billing/invoices/<int:pk>.json", billing.invoice_json, name="invoice-json"),
+    path("billing/invoices/<int:pk>/verify/", billing.invoice_verify, name="invoice-verify"),
     path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),
     path("audit/", audit.audit_log, name="audit"),
 ]

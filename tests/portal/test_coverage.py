@@ -113,6 +113,7 @@ PORTAL = {
     f"GET {P}buckets/": "portal:storage",
     f"POST {P}buckets/": "portal:storage",
     f"GET {P}buckets/{{name}}/": "portal:storage",
+    f"PATCH {P}buckets/{{name}}/": "portal:bucket-quota",  # its one changeable field
     f"DELETE {P}buckets/{{name}}/": "portal:bucket-delete",
     f"GET {P}access-keys/": "portal:storage",
     f"POST {P}access-keys/": "portal:access-key-create",
@@ -138,6 +139,7 @@ PORTAL = {
     f"GET {P}invoices/{{id}}/": "portal:billing",
     f"GET {P}invoices/{{id}}/csv/": "portal:invoice-csv",
     f"GET {P}invoices/{{id}}/json/": "portal:invoice-json",
+    f"GET {P}invoices/{{id}}/verify/": "portal:invoice-verify",
     f"GET {P}budgets/": "portal:billing",
     f"POST {P}budgets/": "portal:billing",
     f"GET {P}budgets/{{id}}/": "portal:billing",
@@ -207,9 +209,7 @@ NOT_IN_PORTAL = {
     f"GET {P}usage-records/{{id}}/": f"raw usage records: {CLI}",
     f"PATCH {P}ports/{{id}}/": f"changing a port's security groups: {CLI}",
     f"POST {P}shares/": f"creating a share (an operator sets up its tier's server): {CLI}",
-    f"PATCH {P}buckets/{{name}}/": f"changing a bucket's settings: {CLI}",
     f"PATCH {P}budgets/{{id}}/": f"changing a budget (delete it and add another): {CLI}",
-    f"GET {P}invoices/{{id}}/verify/": f"checking an invoice's signature: {CLI}",
     # Operators': the admin console, or the CLI.
     f"GET {A}audit-events/": ADMIN_CONSOLE,
     f"GET {A}audit-events/{{id}}/": ADMIN_CONSOLE,

@@ -1,6 +1,6 @@
-"""Two small portal actions the API had alone: the applicant withdraws an application
-(``tenants.applications.application_withdraw``), and an invoice downloads as its signed
-JSON document, byte for byte the API's."""
+"""Small portal actions the API had alone: the applicant withdraws an application
+(``tenants.applications.application_withdraw``); an invoice downloads as its signed JSON
+document, byte for byte the API's, and is verified (recomputed and compared)."""
 
 from datetime import timedelta
 
@@ -53,4 +53,18 @@ def test_an_invoice_downloads_as_the_apis_json(login, project, cloud, rate_card)
     assert response["X-Content-SHA256"] == invoice.content_hash
     other = make_project()
     elsewhere = reverse("portal:invoice-json", kwargs={"slug": other.slug, "pk": invoice.pk})
+    assert reader.get(elsewhere).status_code == 404
+
+
+def test_an_invoice_is_verified_from_the_billing_page(login, project, cloud, rate_card):
+    last_month = billing.month_start(billing.month_start(timezone.now().date()) - timedelta(1))
+    [invoice] = billing.invoices_issue(period=last_month, projects=[project])
+    url = reverse("portal:invoice-verify", kwargs={"slug": project.slug, "pk": invoice.pk})
+    reader = login(cloud["users"][Role.READER])
+    billing_page = reverse("portal:billing", kwargs={"slug": project.slug})
+    assert url in reader.get(billing_page).content.decode()
+    html = reader.get(url, follow=True).content.decode()
+    assert f"verified: recomputed, identical ({invoice.content_hash})" in html
+    other = make_project()
+    elsewhere = reverse("portal:invoice-verify", kwargs={"slug": other.slug, "pk": invoice.pk})
     assert reader.get(elsewhere).status_code == 404

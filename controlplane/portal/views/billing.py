@@ -84,6 +84,27 @@ def invoice_json(request, project, pk):
     return response
 
 
+@project_page()
+def invoice_verify(request, project, pk):
+    """Recompute the invoice from the usage and rate cards in the database now
+    (``tenants.billing.invoice_verify``, as the API's ``verify``) and say whether its bytes
+    are the same, on the billing page."""
+    invoice = get_object_or_404(Invoice.objects.for_project(project), pk=pk)
+    answer = services.invoice_verify(invoice)
+    period = f"{invoice.period_start:%Y-%m}"
+    if answer["identical"]:
+        messages.success(
+            request, f"Invoice {period} verified: recomputed, identical ({answer['stored_hash']})."
+        )
+    else:
+        messages.error(
+            request,
+            f"Invoice {period} differs when recomputed: stored {answer['stored_hash']}, "
+            f"recomputed {answer['recomputed_hash']}.",
+        )
+    return redirect("portal:billing", slug=project.slug)
+
+
 @require_POST
 @project_page(write_role=Role.ADMIN)
 def budget_delete(request, project, pk):

@@ -15,6 +15,7 @@ from controlplane.portal.access import project_page
 from controlplane.portal.forms import (
     AccessKeyForm,
     BucketForm,
+    BucketQuotaForm,
     ShareExtendForm,
     VolumeAttachForm,
     VolumeExtendForm,
@@ -170,6 +171,21 @@ def share_delete(request, project, pk):
         done=f"Share {share.name} deleted.",
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         share=share,
+    )
+
+
+@require_POST
+@project_page()
+def bucket_quota(request, project, pk):
+    bucket = get_object_or_404(Bucket.objects.for_project(project), pk=pk)
+    form = BucketQuotaForm(request.POST)
+    return _volume_form(
+        request,
+        project,
+        form,
+        lambda v: services.bucket_update(bucket=bucket, quota_gib=v["quota_gib"]),
+        title=f"Quota of bucket {bucket.name}",
+        done=lambda v: f"Bucket {bucket.name}'s quota is {v['quota_gib']} GiB.",
     )
 
 
