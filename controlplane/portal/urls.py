@@ -103,6 +103,7 @@ project_urls = [
     path("billing/invoices/<int:pk>.csv", billing.invoice_csv, name="invoice-csv"),
     path("billing/invoices/<int:pk>.json", billing.invoice_json, name="invoice-json"),
     path("billing/invoices/<int:pk>/verify/", billing.invoice_verify, name="invoice-verify"),
+    path("billing/budgets/<int:pk>/", billing.budget_edit, name="budget-edit"),
     path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),
     path("audit/", audit.audit_log, name="audit"),
 ]

@@ -143,6 +143,7 @@ PORTAL = {
     f"GET {P}budgets/": "portal:billing",
     f"POST {P}budgets/": "portal:billing",
     f"GET {P}budgets/{{id}}/": "portal:billing",
+    f"PATCH {P}budgets/{{id}}/": "portal:budget-edit",
     f"DELETE {P}budgets/{{id}}/": "portal:budget-delete",
     f"GET {P}points/": "portal:billing",
     f"GET {P}points/{{id}}/": "portal:billing",
@@ -209,7 +210,6 @@ NOT_IN_PORTAL = {
     f"GET {P}usage-records/{{id}}/": f"raw usage records: {CLI}",
     f"PATCH {P}ports/{{id}}/": f"changing a port's security groups: {CLI}",
     f"POST {P}shares/": f"creating a share (an operator sets up its tier's server): {CLI}",
-    f"PATCH {P}budgets/{{id}}/": f"changing a budget (delete it and add another): {CLI}",
     # Operators': the admin console, or the CLI.
     f"GET {A}audit-events/": ADMIN_CONSOLE,
     f"GET {A}audit-events/{{id}}/": ADMIN_CONSOLE,

@@ -105,6 +105,33 @@ def invoice_verify(request, project, pk):
     return redirect("portal:billing", slug=project.slug)
 
 
+@project_page(write_role=Role.ADMIN)
+def budget_edit(request, project, pk):
+    """Change a budget's name, amount, thresholds or policy (admins), through
+    ``tenants.billing.budget_update``: what the API's budget PATCH does."""
+    budget = get_object_or_404(Budget.objects.for_project(project), pk=pk)
+    initial = {
+        "name": budget.name,
+        "amount": budget.amount,
+        "thresholds": ", ".join(str(t) for t in budget.thresholds),
+        "policy": budget.policy,
+    }
+    form = BudgetForm(request.POST or None, initial=initial)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.budget_update(budget=budget, **v))
+        if ok:
+            messages.success(request, f"Budget {form.cleaned_data['name']} changed.")
+            return redirect("portal:billing", slug=project.slug)
+    return page(
+        request,
+        "portal/budget_edit.html",
+        {"budget": budget, "form": form},
+        project=project,
+        status=status,
+    )
+
+
 @require_POST
 @project_page(write_role=Role.ADMIN)
 def budget_delete(request, project, pk):
