@@ -201,8 +201,9 @@ NOT_IN_PORTAL = {
     "POST /api/v1/projects/": "projects are made by approving an application "
     "(portal:applications); making one outright is the operators' (admin console, API)",
     f"DELETE {P}": f"deleting a whole project: {CLI}",
-    f"GET {P}events/": f"the event feed is what webhooks deliver: {CLI}",
-    f"GET {P}events/{{id}}/": f"the event feed is what webhooks deliver: {CLI}",
+    f"GET {P}events/": "the recent events show on the dashboard and the webhooks page; the "
+    f"whole feed, filtered: {CLI}",
+    f"GET {P}events/{{id}}/": f"one event on its own: {CLI}",
     f"GET {P}operations/": "an operation's progress shows on its object's page (a VM's state "
     f"polls); the list of operations: {CLI}",
     f"GET {P}operations/{{id}}/": f"shown as the object's state, not on its own: {CLI}",
