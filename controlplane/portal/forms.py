@@ -327,6 +327,14 @@ class VolumeExtendForm(forms.Form):
     size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("New size (GiB)"))
 
 
+class ShareExtendForm(forms.Form):
+    quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("New quota (GiB)"))
+
+
+class BucketQuotaForm(forms.Form):
+    quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("Quota (GiB)"))
+
+
 class AccessKeyForm(forms.Form):
     description = forms.CharField(label=_("Description"), max_length=200, required=False)
 

@@ -15,12 +15,13 @@ import tests.network.test_api_isolation as network_contracts
 import tests.storage.test_api_isolation as storage_contracts
 import tests.tenants.test_billing_api as billing_contracts
 import tests.tenants.test_invitations as invitation_contracts
+from compute.models import Host
 from controlplane.portal.urls import project_urls
 from storage import services as storage_services
 from storage.drivers.fake import FakeObjectStore
 from tenants import services as tenants
 from tenants.models import Invitation, Membership, User
-from tests.factories import UserFactory, add_member, make_vm
+from tests.factories import UserFactory, add_member, make_host, make_vm
 
 
 def _vm(project):
@@ -34,6 +35,13 @@ def _member(project):
 
 def _contract(cls):
     return lambda project: cls().make_object(project)
+
+
+def _share(project):
+    """A share on tier ``fast``, whose server (mds-01) is enrolled once."""
+    if not Host.objects.filter(name="mds-01").exists():
+        make_host("mds-01", kind="cpu")
+    return storage_contracts.TestShareIsolation().make_object(project)
 
 
 # URL name -> (HTTP method, how to make one object in a project, extra URL kwargs)
@@ -72,6 +80,9 @@ CASES = {
     "image-delete": ("post", _contract(compute_contracts.TestProjectImageIsolation), {}),
     "volume-delete": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "bucket-delete": ("post", _contract(storage_contracts.TestBucketIsolation), {}),
+    "bucket-quota": ("post", _contract(storage_contracts.TestBucketIsolation), {}),
+    "share-delete": ("post", _share, {}),
+    "share-extend": ("post", _share, {}),
     "volume-attach": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "volume-detach": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
     "volume-extend": ("post", _contract(storage_contracts.TestVolumeIsolation), {}),
@@ -86,6 +97,9 @@ CASES = {
     "member-remove": ("post", _member, {}),
     "invitation-revoke": ("post", _contract(invitation_contracts.TestInvitationsIsolation), {}),
     "invoice-csv": ("get", _contract(billing_contracts.TestInvoiceIsolation), {}),
+    "invoice-json": ("get", _contract(billing_contracts.TestInvoiceIsolation), {}),
+    "invoice-verify": ("get", _contract(billing_contracts.TestInvoiceIsolation), {}),
+    "budget-edit": ("get", _contract(billing_contracts.TestBudgetIsolation), {}),
     "budget-delete": ("post", _contract(billing_contracts.TestBudgetIsolation), {}),
 }
 

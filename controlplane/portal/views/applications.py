@@ -243,3 +243,18 @@ def application_amend(request, pk):
     else:
         messages.success(request, _("Application amended and submitted again."))
     return redirect("portal:applications")
+
+
+@require_POST
+@login_required
+def application_withdraw(request, pk):
+    """The applicant takes back a submitted or returned application
+    (``tenants.applications.application_withdraw``, which says why it refuses)."""
+    application = get_object_or_404(ProjectApplication, pk=pk, applicant=request.user)
+    try:
+        applications.application_withdraw(application=application, actor=request.user)
+    except KumoError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, _("Application %(pk)s withdrawn.") % {"pk": pk})
+    return redirect("portal:applications")

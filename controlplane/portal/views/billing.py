@@ -75,6 +75,74 @@ def invoice_csv(request, project, pk):
     return response
 
 
+@project_page()
+def invoice_json(request, project, pk):
+    """The invoice's canonical, signed JSON document, byte for byte what the API serves
+    (its SHA-256 in ``X-Content-SHA256``)."""
+    invoice = get_object_or_404(Invoice.objects.for_project(project), pk=pk)
+    response = HttpResponse(invoice.document.encode(), content_type="application/json")
+    name = f"kumo-invoice-{project.slug}-{invoice.period_start:%Y-%m}.json"
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Content-SHA256"] = invoice.content_hash
+    return response
+
+
+@project_page()
+def invoice_verify(request, project, pk):
+    """Recompute the invoice from the usage and rate cards in the database now
+    (``tenants.billing.invoice_verify``, as the API's ``verify``) and say whether its bytes
+    are the same, on the billing page."""
+    invoice = get_object_or_404(Invoice.objects.for_project(project), pk=pk)
+    answer = services.invoice_verify(invoice)
+    period = f"{invoice.period_start:%Y-%m}"
+    if answer["identical"]:
+        messages.success(
+            request,
+            _("Invoice %(period)s verified: recomputed, identical (%(hash)s).")
+            % {"period": period, "hash": answer["stored_hash"]},
+        )
+    else:
+        messages.error(
+            request,
+            _("Invoice %(period)s differs when recomputed: stored %(stored)s, recomputed %(new)s.")
+            % {
+                "period": period,
+                "stored": answer["stored_hash"],
+                "new": answer["recomputed_hash"],
+            },
+        )
+    return redirect("portal:billing", slug=project.slug)
+
+
+@project_page(write_role=Role.ADMIN)
+def budget_edit(request, project, pk):
+    """Change a budget's name, amount, thresholds or policy (admins), through
+    ``tenants.billing.budget_update``: what the API's budget PATCH does."""
+    budget = get_object_or_404(Budget.objects.for_project(project), pk=pk)
+    initial = {
+        "name": budget.name,
+        "amount": budget.amount,
+        "thresholds": ", ".join(str(t) for t in budget.thresholds),
+        "policy": budget.policy,
+    }
+    form = BudgetForm(request.POST or None, initial=initial)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.budget_update(budget=budget, **v))
+        if ok:
+            messages.success(
+                request, _("Budget %(name)s changed.") % {"name": form.cleaned_data["name"]}
+            )
+            return redirect("portal:billing", slug=project.slug)
+    return page(
+        request,
+        "portal/budget_edit.html",
+        {"budget": budget, "form": form},
+        project=project,
+        status=status,
+    )
+
+
 @require_POST
 @project_page(write_role=Role.ADMIN)
 def budget_delete(request, project, pk):

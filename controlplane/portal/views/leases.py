@@ -159,5 +159,27 @@ def fleet_leases(request):
     return page(
         request,
         "portal/fleet_leases.html",
-        {"timeline": timeline(rows, start, FLEET_DAYS), "fleet": fleet},
+        {
+            "timeline": timeline(rows, start, FLEET_DAYS),
+            "fleet": fleet,
+            "cancel": True,
+            "holding": HOLDING,
+        },
+    )
+
+
+@require_POST
+@staff_page
+def fleet_lease_cancel(request, pk):
+    """An operator cancels any project's lease (``compute.services.lease_cancel``, as the
+    API's operator endpoint does): one not started is dropped, a started one ends now."""
+    lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
+    return act(
+        request,
+        services.lease_cancel,
+        done=_("Lease %(project)s/%(name)s cancelled.")
+        % {"project": lease.project.slug, "name": lease.name},
+        back=reverse("portal:fleet-leases"),
+        lease=lease,
+        actor=request.user,
     )

@@ -16,6 +16,8 @@ from controlplane.portal.access import project_page
 from controlplane.portal.forms import (
     AccessKeyForm,
     BucketForm,
+    BucketQuotaForm,
+    ShareExtendForm,
     VolumeAttachForm,
     VolumeExtendForm,
     VolumeForm,
@@ -149,6 +151,55 @@ def volume_delete(request, project, pk):
         done=_("Volume %(name)s deleted.") % {"name": volume.name},
         back=reverse("portal:storage", kwargs={"slug": project.slug}),
         volume=volume,
+    )
+
+
+@require_POST
+@project_page()
+def share_extend(request, project, pk):
+    share = get_object_or_404(Share.objects.for_project(project), pk=pk)
+    form = ShareExtendForm(request.POST)
+    return _volume_form(
+        request,
+        project,
+        form,
+        lambda v: services.share_extend(share=share, quota_gib=v["quota_gib"]),
+        title=_("Extend share %(name)s") % {"name": share.name},
+        done=lambda v: (
+            _("Share %(name)s extended to %(size)s GiB.")
+            % {"name": share.name, "size": v["quota_gib"]}
+        ),
+    )
+
+
+@require_POST
+@project_page()
+def share_delete(request, project, pk):
+    share = get_object_or_404(Share.objects.for_project(project), pk=pk)
+    return act(
+        request,
+        services.share_delete,
+        done=_("Share %(name)s deleted.") % {"name": share.name},
+        back=reverse("portal:storage", kwargs={"slug": project.slug}),
+        share=share,
+    )
+
+
+@require_POST
+@project_page()
+def bucket_quota(request, project, pk):
+    bucket = get_object_or_404(Bucket.objects.for_project(project), pk=pk)
+    form = BucketQuotaForm(request.POST)
+    return _volume_form(
+        request,
+        project,
+        form,
+        lambda v: services.bucket_update(bucket=bucket, quota_gib=v["quota_gib"]),
+        title=_("Quota of bucket %(name)s") % {"name": bucket.name},
+        done=lambda v: (
+            _("Bucket %(name)s's quota is %(size)s GiB.")
+            % {"name": bucket.name, "size": v["quota_gib"]}
+        ),
     )
 
 

@@ -1,0 +1,28 @@
+"""An operator cancels any project's lease from the fleet's calendar
+(``compute.services.lease_cancel``, audited); anyone else gets the 404 page."""
+
+import pytest
+from django.urls import reverse
+
+from compute.choices import LeaseState
+from compute.models import Lease
+from controlplane.models import AuditEvent
+from tests.portal.test_leases import at, reserve
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_operator_cancels_a_projects_lease_from_the_calendar(login, project, cloud, staff):
+    lease = reserve(project, 1, at(2), at(3), "soon")
+    cancel = reverse("portal:fleet-lease-cancel", kwargs={"pk": lease.pk})
+    operator = login(staff)
+    assert cancel in operator.get(reverse("portal:fleet-leases")).content.decode()
+
+    assert login(project.owner).post(cancel).status_code == 404  # operators only
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.SCHEDULED
+
+    response = operator.post(cancel, follow=True)
+    assert f"Lease {project.slug}/soon cancelled." in response.content.decode()
+    assert Lease.objects.get(pk=lease.pk).state == LeaseState.CANCELLED
+    assert AuditEvent.objects.filter(action="lease.cancel").exists()
+    assert 'data-lease="soon"' not in operator.get(reverse("portal:fleet-leases")).content.decode()
