@@ -121,9 +121,14 @@ def test_every_portal_view_of_an_object_is_covered():
 CSRF = re.compile(rb'("X-CSRFToken": "|name="csrfmiddlewaretoken" value=")[^"]*')
 
 
+# The language switch returns to the page asked for: its own path, not the object's.
+NEXT = re.compile(rb'(name="next" value=")[^"]*"')
+
+
 def _page(response) -> bytes:
-    """The page without its CSRF tokens (masked afresh in every answer)."""
-    return CSRF.sub(rb"\1", response.content)
+    """The page without its CSRF tokens (masked afresh in every answer) and the path the
+    language switch returns to (the URL asked for)."""
+    return NEXT.sub(rb"\1", CSRF.sub(rb"\1", response.content))
 
 
 def _key(obj) -> dict:
