@@ -11,6 +11,8 @@ Each main page is kept as a screenshot at 1440 px and 390 px wide under
 test-artifacts/portal/day/, and a page that scrolls sideways at 390 px or 360 px fails:
 the portal works on a phone."""
 
+import secrets
+
 import pytest
 
 from compute.choices import HostState
@@ -122,11 +124,13 @@ def test_a_researchers_day_and_an_operators_at_two_widths(site, browser):  # noq
     expect(page.locator("#volumes")).to_contain_text("train-1")
     assert Volume.objects.for_project(project).get(name="scratch").vm_id == vm.pk
     bucket_form = page.locator("form:has(input[name=form][value=bucket])")
-    bucket_form.locator("[name=name]").fill("genome-reads")
+    # Bucket names are global to the S3 server, which the session's other tests share.
+    reads = f"day-reads-{secrets.token_hex(4)}"
+    bucket_form.locator("[name=name]").fill(reads)
     bucket_form.locator("[name=quota_gib]").fill("50")
     bucket_form.locator("button[type=submit]").click()
-    expect(page.locator("#buckets")).to_contain_text("genome-reads")
-    assert Bucket.objects.for_project(project).filter(name="genome-reads").exists()
+    expect(page.locator("#buckets")).to_contain_text(reads)
+    assert Bucket.objects.for_project(project).filter(name=reads).exists()
     page.fill("#access-key-create [name=description]", "pipeline")
     page.click("#access-key-create button[type=submit]")
     expect(page.locator("#access-key-secret")).to_be_visible()
