@@ -160,7 +160,12 @@ def vm_create(request, project):
     return page(
         request,
         "portal/vms/new.html",
-        {"form": form, "offers": offers, "left": left},
+        {
+            "form": form,
+            "offers": offers,
+            "left": left,
+            "has_ssh_keys": SSHKey.objects.filter(user=request.user).exists(),
+        },
         project=project,
         status=status,
     )
