@@ -174,8 +174,8 @@ def test_the_dashboard_shows_quota_vms_gpu_hours_and_spend(login, project, cloud
     assert re.search(r'id="running-vms">1<', page)
     assert re.search(r"gpus</td><td class=\"num\">1 / 16", page)
     assert "<svg" in page and "GPU-hours per day" in page
-    assert re.search(r'id="spend">\d+\.\d\d JPY', page)  # a few seconds of a GPU VM
-    assert re.search(r"projected \d+\.\d\d JPY", page)
+    assert re.search(r'id="spend">[\d,]+\.\d\d JPY', page)  # a few seconds of a GPU VM
+    assert re.search(r"projected [\d,]+\.\d\d JPY", page)  # thousands separated
 
 
 def test_usage_by_day_clips_intervals_to_days(project, cloud, rate_card):
