@@ -17,6 +17,7 @@ from django.db.models import Prefetch
 from compute.choices import DeviceKind, HostState, Priority, VmState
 from compute.drivers.base import DeviceKind as WireDeviceKind
 from compute.drivers.base import GuestSpec, PassthroughDevice, PciAddress
+from compute.drivers.domain_xml import guest_pci_layout
 from compute.drivers.nccl import topology_xml
 from compute.models import Device, Host, Template, VirtualMachine
 from controlplane.errors import Conflict
@@ -116,12 +117,10 @@ def vm_gpus(vm: VirtualMachine) -> list[Device]:
     return list(Device.objects.filter(vm=vm).order_by("pci_address"))
 
 
-def nccl_topology(vm: VirtualMachine, devices: list[Device]) -> str | None:
-    """The NCCL topology file compute writes into the guest (``compute.drivers.nccl``),
-    built from the devices ``vm`` holds now; None for a VM without GPUs."""
-    if not any(d.kind == DeviceKind.GPU for d in devices):
-        return None
-    spec = GuestSpec(
+def _guest_spec(vm: VirtualMachine, devices: list[Device]) -> GuestSpec:
+    """The guest as its host builds it, as far as its devices' places go (the same inputs
+    ``compute.services.lifecycle.apply_message`` sends)."""
+    return GuestSpec(
         vm_id=str(vm.pk),
         generation=vm.generation,
         name=f"{vm.project.slug}/{vm.name}",
@@ -140,7 +139,27 @@ def nccl_topology(vm: VirtualMachine, devices: list[Device]) -> str | None:
             for d in devices
         ),
     )
-    return topology_xml(spec)
+
+
+def nccl_topology(vm: VirtualMachine, devices: list[Device]) -> str | None:
+    """The NCCL topology file compute writes into the guest (``compute.drivers.nccl``),
+    built from the devices ``vm`` holds now; None for a VM without GPUs."""
+    if not any(d.kind == DeviceKind.GPU for d in devices):
+        return None
+    return topology_xml(_guest_spec(vm, devices))
+
+
+def guest_pci_addresses(vm: VirtualMachine, devices: list[Device]) -> dict[int, str]:
+    """Where each device appears inside the guest (``lspci`` there), by device id: the
+    layout the host's domain XML gives it (``compute.drivers.domain_xml``), a pure function
+    of the same inputs."""
+    if not devices:
+        return {}
+    inside = {
+        slot.host_address: str(slot.guest_address)
+        for slot in guest_pci_layout(_guest_spec(vm, devices))
+    }
+    return {d.pk: inside.get(PciAddress.parse(d.pci_address), "") for d in devices}
 
 
 # --- the fleet --------------------------------------------------------------------------------

@@ -76,11 +76,24 @@ def test_connect_goes_through_the_global_ip_or_the_ssh_forward(login, project, c
     assert f"ssh -i ~/.ssh/id_ed25519 ubuntu@{nat.address}" in html
 
 
-def test_gpus_show_their_host_pci_address(login, project, cloud):
+def test_gpus_show_their_host_and_guest_pci_addresses(login, project, cloud):
+    from compute.drivers.base import GuestSpec
+    from compute.drivers.domain_xml import guest_pci_layout
+    from compute.host_tasks import _devices
+    from compute.services.lifecycle import apply_message
+
     vm = make_vm(project, template=cloud["gpu"], image=cloud["image"])
     html = login(project.owner).get(url("vm-detail", project, pk=vm.pk)).content.decode()
-    assert "Host PCI address" in html
+    assert "Host PCI address" in html and "Guest PCI address" in html
     assert f"<code>{vm.devices.get().pci_address}</code>" in html
+    # Where the host's own path (the task it is sent, the domain it builds) puts the GPU.
+    message = apply_message(VirtualMachine.objects.get(pk=vm.pk))
+    spec = GuestSpec(vm_id=message.vm_id, generation=message.generation, name=message.name,
+                     vcpus=message.vcpus, memory_mib=message.memory_mib,
+                     numa_cell=message.numa_cell, devices=_devices(message))  # fmt: skip
+    [slot] = guest_pci_layout(spec)
+    assert slot.guest_address != slot.host_address
+    assert f"<code>{slot.guest_address}</code>" in html
 
 
 def _buttons(html) -> set[str]:

@@ -269,6 +269,9 @@ def vm_detail(request, project, pk):
         .prefetch_related("fixed_ips")
         .order_by("device_index")
     )
+    inside = reports.guest_pci_addresses(vm, devices)
+    for device in devices:
+        device.guest_pci_address = inside.get(device.pk, "")
     key = {"object_id": str(vm.pk)}
     # This page shows the action's message itself (``#vm-flash``), where the state poll
     # keeps a success note current; the layout's list gets none.
