@@ -103,6 +103,9 @@ MIDDLEWARE = [
     # The portal's language: the django_language cookie (the portal's language switch), else
     # the browser's Accept-Language, else LANGUAGE_CODE; the API stays English.
     "controlplane.portal.locale.PortalLocaleMiddleware",
+    # The portal's times in the reader's time zone (the kumo_tz cookie its script sets from
+    # the browser), else TIME_ZONE; the API stays UTC.
+    "controlplane.portal.locale.PortalTimezoneMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

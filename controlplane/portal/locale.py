@@ -1,4 +1,5 @@
-"""The portal's language: Django's LocaleMiddleware everywhere but the API.
+"""The portal's language and time zone: Django's LocaleMiddleware everywhere but the API,
+and the reader's time zone for the portal's times.
 
 The portal follows the ``django_language`` cookie (set by its language switch through
 ``set_language``), else the browser's Accept-Language, else ``LANGUAGE_CODE``. The API, its
@@ -9,11 +10,13 @@ them, and DRF ships catalogues of its own that would otherwise translate its err
 import os
 import subprocess
 import tempfile
+import zoneinfo
 from pathlib import Path
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.middleware.locale import LocaleMiddleware
-from django.utils import translation
+from django.utils import timezone, translation
 
 API_PREFIXES = ("/api/",)
 
@@ -32,6 +35,39 @@ class PortalLocaleMiddleware(LocaleMiddleware):
         if request.path.startswith(API_PREFIXES):
             return response
         return super().process_response(request, response)
+
+
+TZ_COOKIE = "kumo_tz"
+
+
+def reader_zone(request) -> zoneinfo.ZoneInfo | None:
+    """The IANA time zone the portal's script put in the ``kumo_tz`` cookie (the browser's
+    own), or None when there is none or it names no zone."""
+    name = unquote(request.COOKIES.get(TZ_COOKIE, ""))[:64]
+    if not name:
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+
+
+class PortalTimezoneMiddleware:
+    """The portal shows times in the reader's time zone (its pages' ``date`` filters, and
+    the datetimes its forms read); the API answers in UTC whatever the cookie says."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        zone = None if request.path.startswith(API_PREFIXES) else reader_zone(request)
+        if zone is None:
+            return self.get_response(request)
+        timezone.activate(zone)
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()
 
 
 def compile_catalogues() -> list[Path]:

@@ -38,3 +38,23 @@ def test_the_dashboard_says_what_its_events_are_and_the_pages_have_an_icon(login
     assert 'rel="icon"' in page
     icon = Path(settings.BASE_DIR) / "controlplane/static/portal/favicon.svg"
     assert icon.read_text().startswith("<svg")
+
+
+def test_times_are_in_the_readers_time_zone_and_the_api_stays_utc(login, project, client_for):
+    from datetime import UTC, datetime
+
+    from controlplane.models import AuditEvent
+
+    AuditEvent.objects.filter(project=project).update(at=datetime(2026, 1, 1, 3, 30, tzinfo=UTC))
+    browser = login(project.owner)
+    utc = browser.get(f"/p/{project.slug}/audit/").content.decode()
+    assert "Times in UTC" in utc and "2026-01-01 03:30" in utc
+    browser.cookies["kumo_tz"] = "Asia%2FTokyo"  # as the portal's script sets it
+    tokyo = browser.get(f"/p/{project.slug}/audit/").content.decode()
+    assert "Times in Asia/Tokyo" in tokyo and "2026-01-01 12:30" in tokyo
+    browser.cookies["kumo_tz"] = "Mars/Olympus_Mons"  # no such zone: the site's
+    assert "Times in UTC" in browser.get(f"/p/{project.slug}/audit/").content.decode()
+    api = client_for(project.owner)
+    api.cookies["kumo_tz"] = "Asia%2FTokyo"
+    events = api.get(f"/api/v1/projects/{project.slug}/audit-events/").json()["results"]
+    assert events[0]["at"].startswith("2026-01-01T03:30")

@@ -22,3 +22,14 @@ document.addEventListener("click", (e) => {
     button.textContent = button.dataset.copied || "Copied"; // data-copied: translated
   });
 });
+
+// Times in the reader's time zone: the browser's IANA zone in a cookie the server reads
+// (controlplane.portal.locale.PortalTimezoneMiddleware); the next page uses it.
+(() => {
+  let zone = "";
+  try { zone = Intl.DateTimeFormat().resolvedOptions().timeZone || ""; } catch (e) { return; }
+  const value = encodeURIComponent(zone);
+  if (zone && !document.cookie.split("; ").includes("kumo_tz=" + value)) {
+    document.cookie = "kumo_tz=" + value + "; path=/; max-age=31536000; samesite=lax";
+  }
+})();
