@@ -39,8 +39,8 @@ from django.db import connection, transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from compute import leases
 from compute.choices import DeviceKind, HostState, Priority, VmState
-from compute.leases import HOLDING as LEASE_HOLDING
 from compute.models import CapacityGuarantee, Device, Host, Lease, VirtualMachine
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput
@@ -202,10 +202,9 @@ def admission_refusal(vm: VirtualMachine) -> str:
             total = fleet_gpus(up_only=True).get(vm.gpu_model, 0)
             taken = sum(used.values())
             if taken + vm.gpus + headroom + leased > total:
-                held = [f"guaranteed to other projects ({headroom} GPUs of headroom)"]
-                if leased:
-                    held = held[:1] if headroom else []
-                    held.append(f"reserved by leases ({leased} GPUs)")
+                held = [f"reserved by leases ({leased} GPUs)"] if leased else []
+                if headroom or not held:
+                    held.insert(0, f"guaranteed to other projects ({headroom} GPUs of headroom)")
                 return (
                     f"the free {vm.gpu_model} GPUs are {' and '.join(held)}; waiting for capacity"
                 )
@@ -261,12 +260,12 @@ def peak(intervals, start, end=None) -> int:
 
 
 def lease_intervals(model: str, start, end=None, *, exclude=None) -> list[tuple]:
-    leases = Lease.objects.filter(gpu_model=model, state__in=LEASE_HOLDING, ends_at__gt=start)
+    rows = Lease.objects.filter(gpu_model=model, state__in=leases.HOLDING, ends_at__gt=start)
     if end is not None:
-        leases = leases.filter(starts_at__lt=end)
+        rows = rows.filter(starts_at__lt=end)
     if exclude is not None:
-        leases = leases.exclude(pk=exclude.pk)
-    return list(leases.values_list("starts_at", "ends_at", "gpus").order_by())
+        rows = rows.exclude(pk=exclude.pk)
+    return list(rows.values_list("starts_at", "ends_at", "gpus").order_by())
 
 
 def leased_peak(model: str, start, end=None, *, exclude=None) -> int:

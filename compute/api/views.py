@@ -399,6 +399,11 @@ class PlacementGroupViewSet(
         services.placement_group_delete(group=instance)
 
 
+def _lease_answer(view, lease, status=200):
+    """``lease`` as the view's scoped queryset reads it (its project and creator joined)."""
+    return Response(s.LeaseSerializer(view.get_queryset().get(pk=lease.pk)).data, status=status)
+
+
 class LeaseViewSet(
     mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, ProjectScopedViewSet
 ):
@@ -424,18 +429,16 @@ class LeaseViewSet(
         lease = services.lease_create(
             project=self.project, actor=request.user, **data.validated_data
         )
-        return Response(
-            s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data,
-            status=status.HTTP_201_CREATED,
-        )
+        return _lease_answer(self, lease, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, *args, **kwargs):
         """Cancel: not started, it is dropped and billed nothing; started, it ends now (its
         VMs are shelved)."""
-        lease = services.lease_cancel(lease=self.get_object(), actor=request.user)
-        return Response(s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
+        return _lease_answer(
+            self, services.lease_cancel(lease=self.get_object(), actor=request.user)
+        )
 
 
 class ReclamationViewSet(ProjectScopedViewSet):
@@ -632,8 +635,9 @@ class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ope
     @extend_schema(request=None, responses=s.LeaseSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        lease = services.lease_cancel(lease=self.get_object(), actor=request.user)
-        return Response(s.LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
+        return _lease_answer(
+            self, services.lease_cancel(lease=self.get_object(), actor=request.user)
+        )
 
 
 class OperatorVirtualMachineViewSet(

@@ -47,7 +47,7 @@ from django.utils import timezone
 
 from compute import guarantees, placement
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState, VmTask
-from compute.leases import HOLDING as LEASE_HOLDING
+from compute.leases import HOLDING
 from compute.models import Device, Host, Lease, LeaseAllocation, VirtualMachine
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput, PermissionDenied
@@ -55,8 +55,6 @@ from tenants import usage
 from tenants.choices import BillingPriority, UsageResource
 
 log = logging.getLogger(__name__)
-
-HOLDING = LEASE_HOLDING
 
 
 def _lead() -> timedelta:
@@ -400,7 +398,11 @@ def _finish(lease: Lease, *, state: str, at: datetime | None = None, why: str = 
         .order_by("pk")
         .values_list("pk", flat=True)
     ):
-        vm = lifecycle.lock(VirtualMachine.objects.get(pk=pk))
+        vm = (
+            VirtualMachine.objects.select_for_update(of=("self",))
+            .select_related("project", "host", "image")
+            .get(pk=pk)
+        )
         reason = f"its lease {lease.name} {why}"
         shelve = vm.state in (VmState.RUNNING, VmState.STOPPED) and vm.task_state == VmTask.NONE
         # Out of the lease first: the shelve that follows is the VM's last change here, so
