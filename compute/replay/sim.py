@@ -29,6 +29,12 @@ work, held idle (claimed but not working: boots, notices' stop, deletions), free
 request waited (free GPUs while GPU requests are pending, up to their size), free, and
 stranded (free GPUs on hosts without the vCPUs or memory one more GPU needs, sampled every
 ``sample_s``). They add up to the capacity.
+
+``goodput`` is tenant work, less spot work lost to evictions, over the capacity of the
+whole replay, its ramp-up from an empty fleet and its drain after the last submission
+included. ``goodput_while_spot_waits`` is the same ratio over the time the spot work waiting
+exceeded the free GPUs (``spot_waits_days``): how much of a fleet that is wanted whole does
+tenant work under Kumo's policies.
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ class Metrics:
     guarantee_ok: int = 0
     lease_samples: int = 0
     lease_ok: int = 0
+    # While waiting spot work exceeds the free GPUs (the fleet is wanted whole):
+    saturated: float = 0.0  # seconds
+    saturated_capacity: float = 0.0  # GPU-seconds
+    saturated_work: float = 0.0  # GPU-seconds of tenant work
+    saturated_lost: float = 0.0  # GPU-seconds of spot work lost to evictions then
     series: list = field(default_factory=list)  # (t, on-demand GPUs, spot GPUs)
 
 
@@ -97,7 +108,7 @@ class Replay:
         guarantees: dict[str, int] | None = None,
         leases: list[dict] | None = None,
         sample_s: float = 600.0,
-        schedule_limit: int = 30,
+        schedule_limit: int = 100,  # as many as the beat's pass tries
         progress=None,
     ):
         self.schedule_limit = schedule_limit
@@ -116,6 +127,7 @@ class Replay:
         self.outbox: list = []
         self.vms: dict[str, _Vm] = {}
         self.pending: dict[str, int] = {}  # vm id -> GPUs, while waiting for a claim
+        self.pending_gpus = self.pending_spot_gpus = 0  # their sums
         self.reaps: set = set()
         self.m = Metrics()
         self.od_gpus = self.spot_gpus = self.held_gpus = 0
@@ -168,17 +180,30 @@ class Replay:
             m.spot_work += spot * dt
             m.held_idle += held * dt
             free = m.gpus_total - od - spot - held
-            waiting = min(free, sum(self.pending.values()))
+            waiting = min(free, self.pending_gpus)
             m.free_waiting += waiting * dt
             m.free += (free - waiting) * dt
+            if self.pending_spot_gpus > free:
+                m.saturated += dt
+                m.saturated_capacity += m.gpus_total * dt
+                m.saturated_work += (od + spot) * dt
             m.t = t
         self.now_s = t
 
     def _mark(self) -> None:
         self.m.series.append((self.now_s, self.od_gpus, self.spot_gpus))
 
+    def _wait(self, vm: _Vm) -> None:
+        """``vm`` waits for a claim."""
+        if vm.job.gpus and vm.vm_id not in self.pending:
+            self.pending[vm.vm_id] = vm.job.gpus
+            self.pending_gpus += vm.job.gpus
+            self.pending_spot_gpus += vm.job.gpus if vm.job.priority == "spot" else 0
+
     def _claimed(self, vm: _Vm, host: str) -> None:
-        self.pending.pop(vm.vm_id, None)
+        gpus = self.pending.pop(vm.vm_id, 0)
+        self.pending_gpus -= gpus
+        self.pending_spot_gpus -= gpus if vm.job.priority == "spot" else 0
         vm.claimed, vm.host = True, host
         self.held_gpus += vm.job.gpus
         if vm.job.priority == "on_demand" and vm.job.gpus:
@@ -215,6 +240,9 @@ class Replay:
         done = self.now_s - vm.run_start
         kept = (done // vm.job.checkpoint_s) * vm.job.checkpoint_s
         self.m.spot_lost += (done - kept) * vm.job.gpus
+        free = self.m.gpus_total - self.od_gpus - self.spot_gpus - self.held_gpus
+        if self.pending_spot_gpus > free:
+            self.m.saturated_lost += (done - kept) * vm.job.gpus
         vm.progress += kept
         vm.run += 1  # its scheduled end no longer holds
         self._work_stopped(vm)
@@ -377,8 +405,7 @@ class Replay:
         )
         record = _Vm(job=job, vm_id=str(vm.pk))
         self.vms[record.vm_id] = record
-        if job.gpus:
-            self.pending[record.vm_id] = job.gpus
+        self._wait(record)
         self._after_decisions()
 
     def _on_lease_tick(self) -> None:
@@ -430,8 +457,8 @@ class Replay:
             self._work_stopped(record)
             self._released(record)
             freed = True
-        if record.job.priority == "spot":
-            freed |= self._evictions_done()
+        if record.job.priority == "spot" and record.stop_sent_at is not None:
+            freed |= self._evictions_done()  # its eviction's stop: the hand-over may follow
         if freed:
             compute.vm_schedule_pending(limit=self.schedule_limit)
             self._after_decisions()
@@ -461,7 +488,7 @@ class Replay:
             self._released(record)
             record.placed_at = None
             compute.vm_start(vm=vm)
-            self.pending[record.vm_id] = record.job.gpus
+            self._wait(record)
         return bool(evicted)
 
     def _on_sample(self) -> None:
@@ -540,6 +567,14 @@ class Replay:
             "stranded_gpu_h": round(m.stranded / hours, 1),
             "goodput": round((work - lost) / capacity, 4) if capacity else 0.0,
             "allocated": round((work + m.held_idle / hours) / capacity, 4) if capacity else 0.0,
+            # The target's goodput: over the time waiting spot work exceeded the free GPUs
+            # (the ramp-up at the start and the drain at the end are not that time).
+            "goodput_while_spot_waits": round(
+                (m.saturated_work - m.saturated_lost) / m.saturated_capacity, 4
+            )
+            if m.saturated_capacity
+            else None,
+            "spot_waits_days": round(m.saturated / 86400, 3),
             "spot_lost_gpu_h": round(lost, 1),
             "on_demand_wait_p50_s": pct(50),
             "on_demand_wait_p99_s": pct(99),

@@ -239,8 +239,7 @@ def lock(vm: VirtualMachine) -> VirtualMachine:
     now: an internal transition committed meanwhile (provisioning → running) is seen, and
     one in flight is waited for, instead of failing the action with "changed meanwhile".
     Call inside the action's transaction; the lock is held until it commits."""
-    list(VirtualMachine.objects.select_for_update().filter(pk=vm.pk).values_list("pk"))
-    vm.refresh_from_db()
+    vm.refresh_from_db(from_queryset=VirtualMachine.objects.select_for_update())
     return vm
 
 

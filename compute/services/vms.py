@@ -173,14 +173,25 @@ def _create_ports(vm: VirtualMachine, nics) -> None:
 
 def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
-    placed in its own transaction, so one failure holds up no other."""
+    placed in its own transaction, so one failure holds up no other.
+
+    A spot VM the same size as one that just found no room (no placement group, no lease)
+    finds none either: the fleet only filled up since. It is not tried again in this pass;
+    it is told the same reason in one statement at the end."""
     placed = 0
     # On-demand first ("on_demand" sorts before "spot"): spot runs on what nobody else needs.
     # A VM waiting for spot evictions (``reserved_host``) is placed by the hand-over.
     pending = VirtualMachine.objects.filter(
         state=VmState.PENDING, reserved_host__isnull=True
     ).order_by("priority", "created_at")
-    for pk in list(pending.values_list("pk", flat=True)[:limit]):
+    no_room: dict[tuple, tuple[str, list]] = {}  # a spot size -> (reason, VMs of that size)
+    for pk, priority, *size in pending.values_list(
+        "pk", "priority", "vcpus", "memory_mib", "gpus", "gpu_model", "placement_group", "lease"
+    )[:limit]:
+        shape = tuple(size) if priority == Priority.SPOT and size[-2:] == [None, None] else None
+        if shape in no_room:
+            no_room[shape][1].append(pk)
+            continue
         with transaction.atomic():
             vm = (
                 VirtualMachine.objects.select_for_update(skip_locked=True, of=("self",))
@@ -195,6 +206,8 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
+                if shape is not None:
+                    no_room[shape] = (e.reason[:500], [])
                 if vm.priority == Priority.ON_DEMAND and vm.lease_id is None:
                     from compute.services import spot
 
@@ -203,14 +216,21 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
             send_apply(vm, operation_id=current_operation(vm))
             placed += 1
+    for reason, pks in no_room.values():
+        if pks:
+            VirtualMachine.objects.filter(pk__in=pks, state=VmState.PENDING).exclude(
+                state_reason=reason
+            ).update(state_reason=reason)
     return placed
 
 
 # --- actions on a VM ---------------------------------------------------------------------------
 
 
-def _act(vm: VirtualMachine, action: str, actor, **changes) -> tuple[VirtualMachine, Operation]:
-    guard(lock(vm), action)
+def _act(
+    vm: VirtualMachine, action: str, actor, *, locked: bool = False, **changes
+) -> tuple[VirtualMachine, Operation]:
+    guard(vm if locked else lock(vm), action)
     vm = transition(vm, **changes)
     operation = open_operation(vm, f"vm.{action}", actor)
     audit.record(f"vm.{action}", vm, project=vm.project, detail={"operation": str(operation.pk)})
@@ -298,7 +318,7 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
     network.ports_release(vm)
     from storage import services as storage
 
-    storage.volumes_release(vm)
+    detached = storage.volumes_release(vm)  # each detach re-applies the VM: a new generation
     if vm.host_id is None:
         if vm.kept_disk:
             from compute.services import shelve
@@ -322,7 +342,9 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
         operation.refresh_from_db()
         return vm, operation
     supersede_operations(vm, by="deleted by a delete request")
-    return _act(vm, "delete", actor, state=VmState.DELETING, task_state=VmTask.NONE)
+    return _act(
+        vm, "delete", actor, locked=not detached, state=VmState.DELETING, task_state=VmTask.NONE
+    )
 
 
 def vm_finish_delete(vm: VirtualMachine) -> None:

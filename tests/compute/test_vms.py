@@ -133,6 +133,30 @@ def test_nothing_fits_the_vm_waits_pending_with_the_reason_then_is_placed(projec
     assert sent[-1][0] == "host.gpu-late"
 
 
+def test_a_spot_size_that_found_no_room_is_not_tried_again_in_the_same_pass(
+    project, sent, monkeypatch
+):
+    from compute.services import vms as vm_services
+
+    make_host("cpu-a", kind="cpu")
+    t4, t0 = make_template(gpus=4), make_template(name="cpu-small", vcpus=2, memory_gib=4)
+    waiting = [make_vm(project, template=t4, priority=Priority.SPOT) for _ in range(3)]
+    VirtualMachine.objects.filter(pk__in=[v.pk for v in waiting]).update(state_reason="")
+    tried = []
+    real_place = vm_services.place
+    monkeypatch.setattr(vm_services, "place", lambda vm: (tried.append(vm.pk), real_place(vm)))
+    cpu = make_vm(project, template=t0, priority=Priority.SPOT)  # placed at once
+    tried.clear()
+    assert services.vm_schedule_pending() == 0
+    assert tried == [waiting[0].pk]  # the two of the same size are not tried again
+    reasons = {fresh(v).state_reason for v in waiting}
+    assert len(reasons) == 1 and "4 A100-SXM4-40GB GPUs on one NUMA cell" in reasons.pop()
+    assert fresh(cpu).state == VmState.PROVISIONING
+    make_host("gpu-late")
+    assert services.vm_schedule_pending() == 2  # room for two 4-GPU VMs on one host
+    assert [fresh(v).state for v in waiting].count(VmState.PROVISIONING) == 2
+
+
 def test_not_waiting_answers_409_and_creates_nothing(project, sent):
     make_host(kind="cpu")
     with pytest.raises(Conflict) as e:
