@@ -121,11 +121,22 @@ def _host_views(hosts, *, lease_id: int | None = None) -> list[HostView]:
     return list(views.values())
 
 
+def _open_hosts():
+    """The hosts a new request may be placed on: up, and not being handed over. A host
+    whose spot VMs are serving their notice to make room for an on-demand VM (that VM
+    waits with ``reserved_host``) takes nobody else until the hand-over: the free part of
+    the room it counted on stays free for it."""
+    handing_over = VirtualMachine.objects.filter(
+        state=VmState.PENDING, reserved_host__isnull=False
+    ).values("reserved_host_id")
+    return Host.objects.filter(state=HostState.UP).exclude(pk__in=handing_over)
+
+
 def load_scheduler(*, sample: int | None = None) -> Scheduler:
-    """A fresh view of every host that is up."""
+    """A fresh view of every host open to new requests."""
     excluded = Host.objects.exclude(state=HostState.UP).count()
     return Scheduler(
-        _host_views(Host.objects.filter(state=HostState.UP)),
+        _host_views(_open_hosts()),
         excluded=excluded,
         sample=sample or settings.SCHEDULER_SAMPLE,
     )
@@ -150,7 +161,7 @@ class _CachedView:
     def refresh_host(self, host_id: int) -> None:
         if self.scheduler is None:
             return
-        views = _host_views(Host.objects.filter(pk=host_id, state=HostState.UP))
+        views = _host_views(_open_hosts().filter(pk=host_id))
         self.scheduler.remove(host_id)
         for view in views:
             self.scheduler.add(view)

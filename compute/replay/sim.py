@@ -406,7 +406,8 @@ class Replay:
         record = _Vm(job=job, vm_id=str(vm.pk))
         self.vms[record.vm_id] = record
         self._wait(record)
-        self._after_decisions()
+        if job.priority == "on_demand":  # a spot request never gives notices
+            self._after_decisions()
 
     def _on_lease_tick(self) -> None:
         from compute import services as compute

@@ -321,6 +321,8 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
         reserved_host_id=decision.host_id, state_reason=reason, updated_at=now
     )
     vm.reserved_host_id, vm.state_reason = decision.host_id, reason
+    with placement.view.lock:  # the host is being handed over: no other request takes it
+        placement.view.refresh_host(decision.host_id)
     audit.record(
         "vm.preempt",
         vm,

@@ -137,6 +137,28 @@ def test_the_deadline_is_honoured_then_the_hand_over_places_the_waiter(world, se
     assert sent_to_waiter[-1]["desired"] == "running" and len(sent_to_waiter[-1]["devices"]) == 8
 
 
+def test_the_free_part_of_a_handed_over_host_waits_for_the_waiter(world, sent):
+    # Host B: one 4-GPU spot VM and 4 free GPUs. An 8-GPU request evicts that VM and counts
+    # on the 4 free ones; a spot request meanwhile must not take them.
+    gone, victim = world["big"]
+    services.vm_delete(vm=fresh(gone))
+    report(fresh(gone), "absent")
+    vm = _on_demand(world, world["t8"])
+    assert vm.reserved_host_id == world["b"].pk
+    assert set(VirtualMachine.objects.filter(state=VmState.EVICTING)) == {victim}
+    late = make_vm(world["spotters"], template=world["t1"], image=world["image"], priority="spot")
+    assert fresh(late).state == VmState.PENDING  # host A is full, host B is being handed over
+    assert services.vm_schedule_pending() == 0
+    assert Device.objects.filter(host=world["b"], kind="gpu", vm__isnull=True).count() == 4
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    _stop_reported(victim)
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == world["b"].pk
+    assert Device.objects.filter(vm=vm).count() == 8
+    assert fresh(late).state == VmState.PENDING and fresh(late).host_id is None
+    assert host_usage_drift() == [] and gpu_allocation_errors() == []
+
+
 def test_the_guest_cuts_the_notice_short(world, sent):
     _on_demand(world, world["t8"])
     victim = VirtualMachine.objects.filter(state=VmState.EVICTING).first()
