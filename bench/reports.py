@@ -22,8 +22,11 @@ kept up, not by how much. So:
 1. Capacity: one period of the whole fleet's reports (every host's, once) is queued before
    the controllers start; ``processed_per_s`` is the reports they handle per second
    draining it (first to last handled, their start-up excluded), which is their
-   throughput; ``cpu_ms_per_message`` is the controllers' CPU per message over the drain
-   (from the first message handled).
+   throughput. ``cpu_ms_per_message`` and ``db_cpu_ms_per_message`` are the CPU the
+   controllers, and PostgreSQL's processes serving them, used per message over the drain
+   (from the first message handled); ``cpu_bound_per_s`` the reports per second that CPU
+   makes of the machine's 2 cores were they free (the machine is shared: the measured
+   throughput moves with the others' load, this much less).
 2. Keeping up: then, for ``SECONDS``, the fleet's reports at the fleet's rate (every
    host's each period, evenly spread): ``arrival_per_s``, ``kept_up_per_s`` (reports
    handled per second in the window), ``backlog_end`` (messages still queued when the feed
@@ -287,14 +290,33 @@ def payload(host: dict, kind: str, elapsed: float) -> dict:
     }
 
 
-def cpu_s(processes: list[subprocess.Popen]) -> float:
-    """CPU seconds the controller processes have used so far (all their threads)."""
+def cpu_s(pids) -> dict[int, float]:
+    """CPU seconds each process of ``pids`` has used so far (all its threads)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for proc in processes:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+    used = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        used[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return used
+
+
+def backends() -> list[int]:
+    """The PostgreSQL server processes serving the bench's database (on this machine)."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [DB_NAME],
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
 
 
 def handled(r) -> list[dict]:
@@ -303,20 +325,25 @@ def handled(r) -> list[dict]:
 
 def drain(r, expected: int, workers: list[subprocess.Popen], timeout: float) -> tuple:
     """Wait until the controllers have handled ``expected`` reports (or ``timeout``).
-    Returns what they handled, and their CPU seconds between the first message handled and
-    the last."""
+    Returns what they handled, and the CPU seconds the controllers and PostgreSQL's
+    processes serving them used between the first message handled and the last."""
     from controlplane.broker import CONTROL_QUEUE
 
     deadline = time.monotonic() + timeout
     while not r.llen(PROBE_KEY) and time.monotonic() < deadline:
         time.sleep(0.05)
-    cpu_first = cpu_s(workers)
+    pids = [w.pid for w in workers]
+    first, db_first = cpu_s(pids), cpu_s(backends())
     while time.monotonic() < deadline:
         done = handled(r)
         if sum(d["n"] for d in done) >= expected and r.llen(CONTROL_QUEUE) == 0:
             break
         time.sleep(0.5)
-    return handled(r), cpu_s(workers) - cpu_first
+    return (
+        handled(r),
+        cpu_delta(first, cpu_s(pids)),
+        cpu_delta(db_first, cpu_s(backends())),
+    )
 
 
 def measure(fleet: list[dict], count: int, seconds: float, env: dict, *, bundled: bool) -> dict:
@@ -333,7 +360,7 @@ def measure(fleet: list[dict], count: int, seconds: float, env: dict, *, bundled
     backlog, backlog_messages, _ = feed(fleet, None, bundled=bundled, started=started)
     workers = controllers(count, env)
     try:
-        done, cpu = drain(r, backlog, workers, timeout=600)
+        done, cpu, db_cpu = drain(r, backlog, workers, timeout=600)
         if any(w.poll() is not None for w in workers):
             raise RuntimeError("a controller exited; see its log in KUMO_VAR_DIR")
         drained = sum(d["n"] for d in done)
@@ -368,8 +395,11 @@ def measure(fleet: list[dict], count: int, seconds: float, env: dict, *, bundled
         "bundled": bundled,
         "messages_per_s": round(messages_per_s, 1),
         "backlog_drained": {"reports": backlog, "messages": backlog_messages},
-        # the controllers' CPU per message (a bundle, or one report) draining the backlog
+        # CPU per message (a bundle, or one report) draining the backlog: the controllers',
+        # PostgreSQL's for them, and the reports/s that would make of 2 cores of their own
         "cpu_ms_per_message": round(cpu / backlog_messages * 1000, 2),
+        "db_cpu_ms_per_message": round(db_cpu / backlog_messages * 1000, 2),
+        "cpu_bound_per_s": round(2 * drained / (cpu + db_cpu)),
         "queue_samples": samples[:: max(1, len(samples) // 6)],
         "target_met": capacity >= TARGET * arrival and backlog_end_s <= 1.0,
     }
