@@ -1,6 +1,7 @@
 """Loaded into the controllers of ``bench/reports.py`` (``celery worker --include``): for every
-agent report handled, the time from the agent's ``sent_at`` to the end of its handling,
-pushed to the bench's Redis. Nothing else of the controller changes."""
+agent message handled, the time from the agent's ``sent_at`` to the end of its handling and
+how many reports it carried (a bundle's, else one), pushed to the bench's Redis. Nothing
+else of the controller changes."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from datetime import datetime
 import redis
 from celery.signals import task_postrun
 
-from controlplane.broker import AGENT_REPORT_TASK
+from controlplane.broker import AGENT_REPORT_TASK, BUNDLE_REPORT
 
 _redis = redis.Redis.from_url(os.environ["KUMO_BENCH_REPORTS_REDIS"])
 KEY = "kumo-bench-reports:done"
@@ -22,4 +23,5 @@ def _handled(sender=None, kwargs=None, **_):
         return
     done = time.time()
     sent = datetime.fromisoformat(kwargs["sent_at"]).timestamp()
-    _redis.rpush(KEY, json.dumps({"done": done, "latency_s": done - sent}))
+    n = len(kwargs["payload"].get("reports", [])) if kwargs["kind"] == BUNDLE_REPORT else 1
+    _redis.rpush(KEY, json.dumps({"done": done, "latency_s": done - sent, "n": n}))

@@ -44,6 +44,9 @@ def transport_options(broker_url: str, var_dir: Path) -> dict:
 # agent never imports controller code, so these strings are the contract.
 CONTROL_QUEUE = "control"
 AGENT_REPORT_TASK = "kumo.control.agent_report"
+# A report of this kind carries others (``{"reports": [{"kind", "payload", "sent_at"}, ...]}``):
+# an agent's periodic reports that fell due together, sent as one message.
+BUNDLE_REPORT = "bundle"
 
 
 def host_queue(host: str) -> str:

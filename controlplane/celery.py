@@ -7,13 +7,14 @@ Start the controller with ``celery -A controlplane.celery worker -Q control`` an
 
 import os
 
-from celery import Celery
+from celery import Celery, signals
 
 from controlplane import metrics
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 from django.conf import settings
+from django.db import close_old_connections
 
 app = Celery("kumo")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -56,3 +57,20 @@ app.conf.beat_schedule = {
 }
 app.autodiscover_tasks(["controlplane", "tenants", "compute", "network", "storage"])
 metrics.instrument_celery()
+
+# Celery's Django fixup closes every database connection before and after each task unless
+# ``CELERY_DB_REUSE_MAX`` is set: each task then opened a new PostgreSQL connection (a server
+# process forked and authenticated), which was most of what an agent's report cost the
+# controller. A task is treated as Django treats a request instead: before and after it,
+# ``close_old_connections`` closes a connection past ``CONN_MAX_AGE`` or left unusable and
+# keeps the others. (The fixup's own closing is put off to every millionth task.)
+app.conf.update(CELERY_DB_REUSE_MAX=10**6)
+
+
+def _old_connections_closed(task=None, **_):
+    if task is not None and not getattr(task.request, "is_eager", False):
+        close_old_connections()  # an eager task runs in its caller's transaction: not there
+
+
+signals.task_prerun.connect(_old_connections_closed, weak=False)
+signals.task_postrun.connect(_old_connections_closed, weak=False)

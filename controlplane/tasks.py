@@ -9,7 +9,7 @@ from celery import shared_task
 from django.db import OperationalError, connection
 
 from controlplane import agents, audit, services
-from controlplane.broker import AGENT_REPORT_TASK
+from controlplane.broker import AGENT_REPORT_TASK, BUNDLE_REPORT
 from controlplane.events import (  # noqa: F401  (the controller registers it from here)
     WEBHOOK_ATTEMPTS,
     webhook_deliver,
@@ -32,9 +32,31 @@ def retryable(error: OperationalError) -> bool:
 @shared_task(name=AGENT_REPORT_TASK, acks_late=True, time_limit=60)
 def agent_report(*, host: str, kind: str, payload: dict, sent_at: str) -> None:
     """A report from a host agent: dispatched to the handler registered for its kind.
-    An unknown kind is logged and dropped (an agent newer than its controller). A deadlock
-    or serialization failure runs the handler again (``REPORT_ATTEMPTS``); past that the
-    error is raised, and the host's next report carries the same facts."""
+
+    A ``bundle`` (``controlplane.broker.BUNDLE_REPORT``) carries the reports an agent sent
+    together (its heartbeat and the periodic reports due with it), each with its own kind,
+    payload and ``sent_at``: they are handled one after the other, in their order, exactly
+    as if each had come alone; one that fails is logged and the others still run, then the
+    first error is raised."""
+    if kind != BUNDLE_REPORT:
+        _handle(host, kind, payload, sent_at)
+        return
+    failed = None
+    for part in payload.get("reports", []):
+        try:
+            _handle(host, part["kind"], part["payload"], part["sent_at"])
+        except Exception as e:  # the bundle's other reports still count
+            log.exception("host %s: %s report failed", host, part.get("kind"))
+            failed = failed or e
+    if failed is not None:
+        raise failed
+
+
+def _handle(host: str, kind: str, payload: dict, sent_at: str) -> None:
+    """One report. An unknown kind is logged and dropped (an agent newer than its
+    controller). A deadlock or serialization failure runs the handler again
+    (``REPORT_ATTEMPTS``); past that the error is raised, and the host's next report carries
+    the same facts."""
     handler = agents.handler_for(kind)
     if handler is None:
         log.warning("host %s sent a report of unknown kind %r; dropped", host, kind)

@@ -1,11 +1,11 @@
 """Writes to hosts: heartbeats in, liveness checks, operator labels and states, pings out."""
 
+import json
 import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -26,22 +26,28 @@ def host_heartbeat_reported(*, host: str, payload: dict, sent_at: datetime) -> N
     what Kumo has) moves ``last_heartbeat_at`` in one conditional UPDATE; anything else (a new
     host, a host coming back, an agent restarted or upgraded, a late heartbeat) is
     ``host_heartbeat``'s, unchanged. A fleet's hosts send these all the time, almost all of
-    them of the first kind."""
+    them of the first kind, so that one is written out (the ORM takes longer to build it
+    than PostgreSQL to run it)."""
     version, uri, capabilities, started = _heartbeat_fields(payload)
-    still_here = (
-        Host.objects.filter(
-            name=host,
-            agent_version=version,
-            libvirt_uri=uri,
-            capabilities=capabilities,
-            agent_started_at=started,
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STILL_HERE,
+            [
+                *(sent_at, timezone.now(), host, version, uri, json.dumps(capabilities)),
+                *(started, HostState.ENROLLING, HostState.DOWN, sent_at),
+            ],
         )
-        .exclude(state__in=[HostState.ENROLLING, HostState.DOWN])
-        .filter(Q(last_heartbeat_at__lt=sent_at) | Q(last_heartbeat_at__isnull=True))
-        .update(last_heartbeat_at=sent_at, updated_at=timezone.now())
-    )
+        still_here = cursor.rowcount
     if not still_here:
         host_heartbeat(host=host, payload=payload, sent_at=sent_at)
+
+
+_STILL_HERE = f"""
+UPDATE {Host._meta.db_table} SET last_heartbeat_at = %s, updated_at = %s
+WHERE name = %s AND agent_version = %s AND libvirt_uri = %s AND capabilities = %s::jsonb
+  AND agent_started_at IS NOT DISTINCT FROM %s AND state NOT IN (%s, %s)
+  AND (last_heartbeat_at IS NULL OR last_heartbeat_at < %s)
+"""
 
 
 def _heartbeat_fields(payload: dict):

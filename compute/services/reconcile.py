@@ -24,7 +24,7 @@ from compute.choices import DesiredPower, DeviceKind, PowerState, VmState, VmTas
 from compute.gpus import device_model
 from compute.models import Device, Host, OrphanGuest, VirtualMachine
 from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIBE_TASK, VmApply
-from compute.services import reclaim, shelve, spot
+from compute.services import reclaim, shelve, spot, steady
 from compute.services.lifecycle import current_operation, desired_power, send_apply
 from compute.services.vms import vm_finish_delete
 from controlplane import agents, audit
@@ -232,7 +232,6 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
 # --- the periodic guests report ------------------------------------------------------------------
 
 
-@transaction.atomic
 def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
     """Compare what ``host`` holds with what the database wants, and act on the drift.
 
@@ -242,14 +241,28 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
     ``sent_at`` is when the agent took the report. What it says of a VM changed after that
     (``updated_at``) is stale: it neither finishes a delete (the guest may have been built
     since) nor sends work again (the change sent its own); the next report decides.
+
+    Almost every report of a fleet says what the database already holds:
+    ``steady.guests_in_step`` recognizes those by comparing the report with the host's VMs,
+    and records only the observation (CPU samples, the time) in two statements; any
+    difference at all, on either side, takes the full comparison.
     """
+    reported = {g["vm_id"]: g for g in payload.get("guests", [])}
+    if steady.guests_in_step(host, reported, sent_at):
+        return {"reissued": [], "settled": [], "orphans_destroyed": []}
+    return _reconcile_guests(host=host, reported=reported, sent_at=sent_at)
+
+
+@transaction.atomic
+def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
+    """The full comparison of ``guests_reported``: every VM of the host locked and compared
+    with its guest, drift sent again, orphans counted and destroyed."""
     # The host row, then its VMs by primary key: the lock order of every writer of a
     # host's VMs (``compute.services.spot.evictions_hand_over``).
     obj = Host.objects.select_for_update(no_key=True).filter(name=host).first()
     if obj is None or (obj.guests_reported_at and sent_at <= obj.guests_reported_at):
         return {"reissued": [], "settled": [], "orphans_destroyed": []}
     now = timezone.now()
-    reported = {g["vm_id"]: g for g in payload.get("guests", [])}
     grace = timedelta(seconds=settings.RECONCILE_GRACE_S)
     done: dict[str, list[str]] = {"reissued": [], "settled": [], "orphans_destroyed": []}
 

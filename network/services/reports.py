@@ -2,9 +2,10 @@
 they last applied.
 """
 
+import json
 import logging
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from compute.models import Host
@@ -17,7 +18,12 @@ log = logging.getLogger(__name__)
 def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
     """An agent's network report: its underlay, capabilities, and the generation it last
     applied (with the error, when the apply failed). A host behind what it should hold is
-    sent its desired state again."""
+    sent its desired state again.
+
+    A report that says what is recorded, from a host that holds what it should, moves
+    ``reported_at`` in one conditional UPDATE (``_in_step``); any other goes the full way."""
+    if _in_step(host, payload, sent_at):
+        return
     with transaction.atomic():
         target = Host.objects.filter(name=host).first()
         if target is None:
@@ -56,3 +62,47 @@ def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
         from network import sync
 
         sync.send_desired([target.pk])
+
+
+def _in_step(host: str, payload: dict, sent_at) -> bool:
+    """Record the report in one statement if it changes nothing but ``reported_at``: the
+    host's row exists and is older, holds every field as the report says, and the host has
+    applied (without error) the generation it should hold. The full handler would then
+    only save the same values and send nothing."""
+    try:
+        same = {
+            "underlay_device": payload.get("underlay_device", ""),
+            "underlay_mtu": int(payload.get("underlay_mtu") or 1500),
+            "gateway": bool(payload.get("gateway")),
+            "external_bridge": payload.get("external_bridge", ""),
+            "trunk_device": payload.get("trunk_device", ""),
+            "sriov_pfs": payload.get("sriov_pfs") or {},
+            "applied_generation": int(payload.get("applied_generation") or 0),
+        }
+    except (TypeError, ValueError):
+        return False  # the full handler says what is wrong with it
+    if not payload.get("ok", True):
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _IN_STEP,
+            [
+                *(sent_at, host, sent_at, payload.get("vtep") or None),
+                *(same["underlay_device"], same["underlay_mtu"], same["gateway"]),
+                *(same["external_bridge"], same["trunk_device"], json.dumps(same["sriov_pfs"])),
+                same["applied_generation"],
+            ],
+        )
+        return cursor.rowcount > 0
+
+
+# Written out: the ORM takes longer to build it than PostgreSQL to run it, and a fleet sends
+# hundreds a second.
+_IN_STEP = f"""
+UPDATE {HostNetwork._meta.db_table} SET reported_at = %s
+WHERE host_id = (SELECT id FROM {Host._meta.db_table} WHERE name = %s)
+  AND reported_at < %s AND vtep_address IS NOT DISTINCT FROM %s::inet
+  AND underlay_device = %s AND underlay_mtu = %s AND gateway = %s AND external_bridge = %s
+  AND trunk_device = %s AND sriov_pfs = %s::jsonb AND applied_generation = %s
+  AND applied_generation >= desired_generation AND last_error = ''
+"""
