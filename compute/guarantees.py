@@ -187,6 +187,8 @@ def admission_refusal(vm: VirtualMachine) -> str:
     (they only ever borrow the headroom)."""
     if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
         return ""  # a VM in a lease runs on the lease's own GPUs
+    if not _anything_to_check(vm):
+        return ""
     if vm.gpus:
         guarantees = list(
             CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=vm.gpu_model).values_list(
@@ -221,6 +223,33 @@ def admission_refusal(vm: VirtualMachine) -> str:
                 "headroom); waiting for capacity"
             )
     return ""
+
+
+def _anything_to_check(vm: VirtualMachine) -> bool:
+    """Whether ``vm``'s admission has anything to weigh, in one query: another project's
+    guarantee of vCPUs or (for a GPU VM) of its GPU model, or a lease holding that model
+    now or later (its peak from now is then above 0). Without any, every request is
+    admitted, as the checks below would find."""
+    holding = [str(state) for state in leases.HOLDING]
+    states = ", ".join(f"%(state{i})s" for i in range(len(holding)))
+    sql = f"""
+        SELECT EXISTS (
+            SELECT 1 FROM {CapacityGuarantee._meta.db_table}
+            WHERE project_id <> %(project)s
+              AND (min_vcpus > 0 OR (%(gpus)s AND min_gpus > 0 AND gpu_model = %(model)s))
+        ) OR (%(gpus)s AND EXISTS (
+            SELECT 1 FROM {Lease._meta.db_table}
+            WHERE gpu_model = %(model)s AND state IN ({states}) AND ends_at > %(now)s
+        ))"""
+    params = {
+        "project": vm.project_id,
+        "gpus": bool(vm.gpus),
+        "model": vm.gpu_model,
+        "now": connection.ops.adapt_datetimefield_value(timezone.now()),
+    } | {f"state{i}": state for i, state in enumerate(holding)}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.fetchone()[0])
 
 
 def _on_demand_use(
