@@ -58,10 +58,12 @@ claim_vm AS (
 claim_locked AS (
     SELECT (SELECT count(*) FROM claim_host) AS host,
            (SELECT count(*) FROM claim_devices) AS devices,
-           (SELECT count(*) FROM claim_vm) AS vm
+           (SELECT count(*) FROM claim_vm) AS vm,
+           {{admitted}} AS admitted
 ),
 claim_ok AS (
-    SELECT host = 1 AND devices = %(device_count)s AND vm = 1 AS ok FROM claim_locked
+    SELECT host = 1 AND devices = %(device_count)s AND vm = 1 AND admitted AS ok
+    FROM claim_locked
 ),
 claim_host_moved AS (
     UPDATE {Host._meta.db_table}
@@ -82,12 +84,18 @@ claim_vm_placed AS (
     RETURNING id
 ),
 {{usage}}
-SELECT host, devices, vm FROM claim_locked
+SELECT host, devices, vm, admitted FROM claim_locked
 """
 
 
 class ClaimConflict(Exception):
     """The view was stale: the host or its devices changed since it was loaded."""
+
+
+class AdmissionToWeigh(Exception):
+    """The claim's admission condition did not hold (a guarantee or a lease to weigh):
+    nothing was written. Ask ``compute.guarantees.admission_refusal``, then claim again
+    without the condition."""
 
 
 def devices_give(device_ids, vm_id: UUID, **where) -> int:
@@ -97,10 +105,19 @@ def devices_give(device_ids, vm_id: UUID, **where) -> int:
     return Device.objects.filter(pk__in=device_ids, vm__isnull=True, **where).update(vm=vm_id)
 
 
-def claim_write(vm: VirtualMachine, placement: Placement, req: Request) -> None:
+def claim_write(
+    vm: VirtualMachine,
+    placement: Placement,
+    req: Request,
+    *,
+    admitted_if: tuple[str, dict] | None = None,
+) -> None:
     """Write the claim of ``placement`` for ``vm`` in the caller's transaction, with the
     VM's usage intervals (its bill starts with the claim); raises ``ClaimConflict``,
-    leaving nothing behind, when the database disagrees. ``vm`` is updated in place."""
+    leaving nothing behind, when the database disagrees. ``admitted_if``: an SQL condition
+    and its parameters (``compute.guarantees.nothing_to_weigh``) checked in the same
+    statement; where it does not hold, nothing is written and ``AdmissionToWeigh`` is
+    raised. ``vm`` is updated in place."""
     changes = {
         "host_id": placement.host_id,
         "numa_cell": placement.numa_cell,
@@ -111,18 +128,25 @@ def claim_write(vm: VirtualMachine, placement: Placement, req: Request) -> None:
     }
     now = timezone.now()
     if connection.vendor == "postgresql":
-        _claim_sql(vm, placement, req, now)
+        _claim_sql(vm, placement, req, now, admitted_if)
     else:
+        if admitted_if is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT {admitted_if[0]}", admitted_if[1])
+                if not cursor.fetchone()[0]:
+                    raise AdmissionToWeigh()
         with transaction.atomic():
             _claim_orm(vm, placement, req, now, changes)
     for name, value in changes.items():
         setattr(vm, name, value)
 
 
-def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now) -> None:
+def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admitted_if) -> None:
     ctes, params = usage.vm_usage_sync_ctes(
         vm, state=VmState.PROVISIONING, at=now, when="SELECT ok FROM claim_ok"
     )
+    admitted, admission_params = admitted_if or ("true", {})
+    params |= admission_params
     params |= {
         "host": placement.host_id,
         "up": HostState.UP.value,
@@ -138,13 +162,15 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now) -> N
         "state": VmState.PROVISIONING.value,
         "now": now,
     }
-    sql = _CLAIM.replace("{usage}", ctes)
+    sql = _CLAIM.replace("{usage}", ctes).replace("{admitted}", f"({admitted})")
     with connection.cursor() as cursor:
         _execute(cursor, "SAVEPOINT kumo_claim", sql, params=params)
-        host, devices, vm_rows = cursor.fetchone()
-        if host == 1 and devices == len(placement.device_ids) and vm_rows == 1:
+        host, devices, vm_rows, admitted = cursor.fetchone()
+        if host == 1 and devices == len(placement.device_ids) and vm_rows == 1 and admitted:
             return
         _execute(cursor, "ROLLBACK TO SAVEPOINT kumo_claim", "RELEASE SAVEPOINT kumo_claim")
+    if not admitted:
+        raise AdmissionToWeigh()
     if not host:
         raise ClaimConflict(f"host {placement.host_name} no longer has the room")
     if devices != len(placement.device_ids):

@@ -33,7 +33,7 @@ from django.db.models import F
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
-from compute.claims import ClaimConflict, claim_write, devices_give
+from compute.claims import AdmissionToWeigh, ClaimConflict, claim_write, devices_give
 from compute.models import Device, Host, PlacementGroup, VirtualMachine
 from compute.scheduler import (
     GROUP_FILTERS,
@@ -207,19 +207,26 @@ def rdma_vf_claim(*, host_id: int, vm_id: UUID | None) -> Device | None:
     return vf
 
 
-def claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
+def claim(
+    vm: VirtualMachine,
+    placement: Placement,
+    req: Request,
+    *,
+    admitted_if: tuple[str, dict] | None = None,
+) -> None:
     """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict,
-    leaving nothing written, when the database disagrees. A member of a placement group
-    first locks its group's row and re-checks the policy against the members placed by
-    then, so two members are placed one after the other; then ``compute.claims`` writes
-    the claim, all of it or nothing."""
+    leaving nothing written, when the database disagrees (``admitted_if``: see
+    ``compute.claims.claim_write``). A member of a placement group first locks its group's
+    row and re-checks the policy against the members placed by then, so two members are
+    placed one after the other; then ``compute.claims`` writes the claim, all of it or
+    nothing."""
     if vm.placement_group_id is not None:
         PlacementGroup.objects.select_for_update().get(pk=vm.placement_group_id)
         current = request_for(vm)
         probe = HostView(id=placement.host_id, name=placement.host_name, rack=placement.rack)
         if not all(check(probe, current) for check in GROUP_FILTERS):
             raise ClaimConflict("another member of the placement group was placed meanwhile")
-    claim_write(vm, placement, req)
+    claim_write(vm, placement, req, admitted_if=admitted_if)
 
 
 def place(vm: VirtualMachine) -> Placement:
@@ -227,34 +234,44 @@ def place(vm: VirtualMachine) -> Placement:
 
     Retries a lost race on a refreshed view; when nothing fits even on a fresh view, raises
     ``NoValidHost`` with the reason for the user. An on-demand VM that would take other
-    projects' guaranteed headroom is refused first (``compute.guarantees``).
+    projects' guaranteed headroom is refused (``compute.guarantees``): the claim itself
+    checks that there is nothing to weigh (no other project's guarantee, no lease of its
+    GPU model), the common case; where there is, ``admission_refusal`` decides, and a
+    refused VM takes nothing, with the refusal as its reason.
     """
     req = request_for(vm)
     if vm.lease_id is not None:
         return _place_in_lease(vm, req)
     from compute import guarantees
 
-    refusal = guarantees.admission_refusal(vm)
-    if refusal:
-        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
+    admitted_if = guarantees.nothing_to_weigh(vm)  # None: admitted once weighed (or spot)
     fresh = False
     for _attempt in range(CLAIM_ATTEMPTS):
         with view.lock:
             scheduler = view.get(fresh=fresh)
             try:
-                placement = scheduler.select(req)
-            except NoValidHost:
-                if fresh:
-                    raise
-                fresh = True  # the view may be stale: look once more on a fresh one
-                continue
-            scheduler.reserve(placement, req)
+                placement, nothing = scheduler.select(req), None
+                scheduler.reserve(placement, req)
+            except NoValidHost as e:
+                nothing = e
+        if nothing is not None:
+            if admitted_if is not None:  # weighed first: the refusal is the better reason
+                _raise_if_refused(vm, req)
+                admitted_if = None
+            if fresh:
+                raise nothing
+            fresh = True  # the view may be stale: look once more on a fresh one
+            continue
         try:
-            claim(vm, placement, req)
-        except ClaimConflict as e:
-            log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
+            claim(vm, placement, req, admitted_if=admitted_if)
+        except (ClaimConflict, AdmissionToWeigh) as e:
             with view.lock:
-                view.refresh_host(placement.host_id)
+                view.refresh_host(placement.host_id)  # and forget the reservation
+            if isinstance(e, AdmissionToWeigh):
+                _raise_if_refused(vm, req)
+                admitted_if = None
+                continue
+            log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
             if vm.placement_group_id is not None:
                 req = request_for(vm)
             continue
@@ -274,6 +291,14 @@ def place(vm: VirtualMachine) -> Placement:
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
     )
+
+
+def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:
+    from compute import guarantees
+
+    refusal = guarantees.admission_refusal(vm)
+    if refusal:
+        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
 
 
 def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:

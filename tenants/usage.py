@@ -178,7 +178,8 @@ usage_closed AS (
 usage_opened AS (
     INSERT INTO {table} (project_id, subject_type, subject_id, subject_name, resource,
                          model, priority, quantity, started_at, ended_at)
-    SELECT %(usage_project)s, %(usage_type)s, %(usage_id)s, %(usage_name)s, w.resource,
+    SELECT %(usage_project)s::bigint, %(usage_type)s::varchar, %(usage_id)s::varchar,
+           %(usage_name)s::varchar, w.resource,
            w.model, w.priority, w.quantity,
            GREATEST(%(usage_at)s, (SELECT max(ended_at) FROM {table}
                                    WHERE {mine} AND resource = w.resource
