@@ -18,18 +18,26 @@ those sizes (40 % 1 GPU, 30 % 2, 20 % 4, 10 % 8). Then, in this order:
    claim for PLAIN_CLAIMS other VMs, placements decided beforehand (untimed) on a fresh
    view: BEGIN; SELECT the VM FOR UPDATE; the conditional UPDATE of the host's counters;
    UPDATE the devices WHERE vm_id IS NULL; the conditional UPDATE of the VM; COMMIT;
-4. overallocation, proved in SQL over everything both runs placed (see ``VIOLATIONS``).
+4. overallocation, proved in SQL over everything both runs placed (see ``VIOLATIONS``);
+5. one worker: the database emptied and seeded again with SINGLE_HOSTS hosts, then one
+   Kumo process places SINGLE_CLAIMS VMs and one plain SQL process claims SINGLE_CLAIMS
+   others, one after the other (no contention: each claim's own latency), and the checks
+   of 4 again over both.
 
 Prints progress on stderr and one JSON line, last, on stdout: ``decisions_per_s``,
-``claims_per_s`` (committed claims over wall-clock time, all workers), ``claim_p99_ms``
-(one claim's whole transaction), ``plain_sql_claims_per_s`` and its p99, the ratio
-``claims_vs_plain_sql``, the lost races and view reloads, and ``overallocated`` (must be 0).
-The workers and PostgreSQL share the machine's cores: compare figures from the same run.
-Drops the database at the end, whatever happens.
+``claims_per_s`` (committed claims over wall-clock time, all workers), ``claim_p50_ms``
+and ``claim_p99_ms`` (one claim's whole transaction), ``plain_sql_claims_per_s`` and its
+p50 and p99, the ratio ``claims_vs_plain_sql``, the lost races and view reloads,
+``single_worker_claim_p50_ms`` beside ``single_worker_plain_sql_p50_ms``,
+``overallocated`` (the violations of both phases: must be 0), and ``targets`` with ``met``
+for each and ``all_met``. The workers and PostgreSQL share the machine's cores: compare
+figures from the same run. Drops the database at the end, whatever happens.
 
-Run: ``make bench-placement`` or ``.venv/bin/python bench/placement.py`` (one to two minutes).
+Run: ``make bench-placement`` or ``.venv/bin/python bench/placement.py`` (two to four
+minutes); ``--phase concurrent`` or ``--phase single`` runs one phase only.
 """
 
+import argparse
 import json
 import logging
 import multiprocessing
@@ -42,7 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
 
-from bench.common import PG_URL, django_on_throwaway_database, log, p99_ms  # noqa: E402
+from bench.common import (  # noqa: E402
+    PG_URL,
+    django_on_throwaway_database,
+    log,
+    p99_ms,
+    percentile_ms,
+)
 
 DB_NAME = "kumo_bench_placement"
 HOSTS = 5_000
@@ -59,7 +73,17 @@ DECISIONS = 5_000
 WORKERS = 4
 CLAIMS = 3_000
 PLAIN_CLAIMS = 3_000
+SINGLE_HOSTS = 1_000
+SINGLE_CLAIMS = 1_000
 SEED = 20_240_601
+TARGETS = {
+    "decisions_per_s": 1_000,  # at least
+    "claims_per_s": 300,  # at least, committed, WORKERS processes
+    "claims_vs_plain_sql": 0.5,  # at least
+    "single_worker_claim_p50_ms": 3.6,  # at most, one process on SINGLE_HOSTS hosts
+    "overallocated": 0,  # exactly
+}
+AT_MOST = {"single_worker_claim_p50_ms", "overallocated"}
 
 
 def gpu_mix(count: int, rng: random.Random) -> list[int]:
@@ -69,10 +93,10 @@ def gpu_mix(count: int, rng: random.Random) -> list[int]:
 # --- seeding -------------------------------------------------------------------------------------
 
 
-def seed() -> tuple[list[str], list[str]]:
-    """Hosts, GPUs, a project, templates, an image and CLAIMS + PLAIN_CLAIMS pending VMs;
-    returns the ids of the VMs for the Kumo run and for the plain SQL run, each in a shuffled
-    1/2/4/8-GPU mix."""
+def seed(hosts: int, claims: int, plain_claims: int) -> tuple[list[str], list[str]]:
+    """``hosts`` hosts, their GPUs, a project, templates, an image and ``claims`` +
+    ``plain_claims`` pending VMs; returns the ids of the VMs for the Kumo run and for the
+    plain SQL run, each in a shuffled 1/2/4/8-GPU mix."""
     from django.db import connection
 
     from compute.choices import DeviceKind, HostState, ImageFormat, VmState
@@ -81,7 +105,7 @@ def seed() -> tuple[list[str], list[str]]:
     from tenants import services as tenants
 
     cell_memory = HOST_MEMORY_MIB // CELLS
-    hosts = Host.objects.bulk_create(
+    created = Host.objects.bulk_create(
         (
             Host(
                 name=f"gpu{i:05d}",
@@ -96,7 +120,7 @@ def seed() -> tuple[list[str], list[str]]:
                     for c in range(CELLS)
                 ],
             )
-            for i in range(HOSTS)
+            for i in range(hosts)
         ),
         batch_size=1000,
     )
@@ -114,7 +138,7 @@ def seed() -> tuple[list[str], list[str]]:
                 numa_node=slot // GPUS_PER_CELL,
                 iommu_group=slot,
             )
-            for host in hosts
+            for host in created
             for slot in range(CELLS * GPUS_PER_CELL)
         ),
         batch_size=5000,
@@ -154,14 +178,14 @@ def seed() -> tuple[list[str], list[str]]:
                 disk_gib=templates[gpus].disk_gib,
                 state=VmState.PENDING,
             )
-            for i, gpus in enumerate(gpu_mix(CLAIMS + PLAIN_CLAIMS, rng))
+            for i, gpus in enumerate(gpu_mix(claims + plain_claims, rng))
         ),
         batch_size=2000,
     )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")  # planner statistics, as autovacuum would soon gather them
     ids = [str(vm.pk) for vm in vms]
-    return ids[:CLAIMS], ids[CLAIMS:]
+    return ids[:claims], ids[claims:]
 
 
 # --- 1. decisions in memory ----------------------------------------------------------------------
@@ -302,15 +326,15 @@ def run_workers(target, shares: list[list], label: str) -> tuple[float, list[dic
     return max(o["end"] for o in outcomes) - start, outcomes
 
 
-def measure_kumo_claims(vm_ids: list[str]) -> dict:
-    shares = [vm_ids[i::WORKERS] for i in range(WORKERS)]
-    elapsed, outcomes = run_workers(kumo_worker, shares, "kumo claims")
+def measure_kumo_claims(vm_ids: list[str], workers: int = WORKERS) -> dict:
+    shares = [vm_ids[i::workers] for i in range(workers)]
+    elapsed, outcomes = run_workers(kumo_worker, shares, f"kumo claims, {workers} workers")
     latencies = [lat for o in outcomes for lat in o["latencies"]]
     return {
         "claims": len(latencies),
         "claims_per_s": round(len(latencies) / elapsed, 1),
         "claim_p99_ms": p99_ms(latencies),
-        "claim_p50_ms": round(sorted(latencies)[len(latencies) // 2] * 1000, 2),
+        "claim_p50_ms": percentile_ms(latencies, 50),
         "races_lost": sum(o["races"] for o in outcomes),
         "view_reloads": sum(o["loads"] for o in outcomes),
         "no_valid_host": sum(o["unplaced"] for o in outcomes),
@@ -367,8 +391,8 @@ def plain_worker(claims: list[dict], ready, go, results) -> None:
         raise
 
 
-def measure_plain_claims(vm_ids: list[str]) -> dict:
-    """Decide (untimed) on a fresh view, then claim with WORKERS plain SQL processes."""
+def measure_plain_claims(vm_ids: list[str], workers: int = WORKERS) -> dict:
+    """Decide (untimed) on a fresh view, then claim with ``workers`` plain SQL processes."""
     from compute.models import VirtualMachine
     from compute.placement import load_scheduler, request_for
 
@@ -391,12 +415,13 @@ def measure_plain_claims(vm_ids: list[str]) -> dict:
                 "rack": where.rack,
             }
         )
-    shares = [claims[i::WORKERS] for i in range(WORKERS)]
-    elapsed, outcomes = run_workers(plain_worker, shares, "plain SQL claims")
+    shares = [claims[i::workers] for i in range(workers)]
+    elapsed, outcomes = run_workers(plain_worker, shares, f"plain SQL claims, {workers} workers")
     latencies = [lat for o in outcomes for lat in o["latencies"]]
     return {
         "plain_sql_claims": len(latencies),
         "plain_sql_claims_per_s": round(len(latencies) / elapsed, 1),
+        "plain_sql_claim_p50_ms": percentile_ms(latencies, 50),
         "plain_sql_claim_p99_ms": p99_ms(latencies),
         "plain_sql_failed": sum(o["failed"] for o in outcomes),
     }
@@ -465,35 +490,92 @@ def count_violations() -> dict[str, int]:
 # --- main ----------------------------------------------------------------------------------------
 
 
+def concurrent_phase() -> tuple[dict, dict[str, int]]:
+    """Steps 1 to 4 on HOSTS hosts: decisions, WORKERS Kumo and plain SQL workers, checks."""
+    log(f"seeding {HOSTS} hosts, {HOSTS * CELLS * GPUS_PER_CELL} GPUs and VMs")
+    t0 = time.perf_counter()
+    kumo_ids, plain_ids = seed(HOSTS, CLAIMS, PLAIN_CLAIMS)
+    log(f"seeded in {time.perf_counter() - t0:.1f} s")
+    result = {"hosts": HOSTS}
+    result |= measure_decisions()
+    log(f"decisions: {result['decisions_per_s']}/s")
+    result |= measure_kumo_claims(kumo_ids)
+    log(f"kumo claims: {result['claims_per_s']}/s, p99 {result['claim_p99_ms']} ms")
+    result |= measure_plain_claims(plain_ids)
+    log(f"plain SQL claims: {result['plain_sql_claims_per_s']}/s")
+    result["claims_vs_plain_sql"] = round(
+        result["claims_per_s"] / result["plain_sql_claims_per_s"], 3
+    )
+    violations = count_violations()
+    log(f"checks: {violations}")
+    result["placed"] = violations.pop("placed")
+    return result, violations
+
+
+def single_phase() -> tuple[dict, dict[str, int]]:
+    """Step 5: the database emptied, SINGLE_HOSTS hosts, one Kumo worker then one plain SQL
+    worker, checks."""
+    from django.core.management import call_command
+
+    call_command("flush", interactive=False, verbosity=0)
+    log(f"one worker: seeding {SINGLE_HOSTS} hosts")
+    kumo_ids, plain_ids = seed(SINGLE_HOSTS, SINGLE_CLAIMS, SINGLE_CLAIMS)
+    kumo = measure_kumo_claims(kumo_ids, workers=1)
+    plain = measure_plain_claims(plain_ids, workers=1)
+    result = {
+        "single_worker_hosts": SINGLE_HOSTS,
+        "single_worker_claims": kumo["claims"],
+        "single_worker_claim_p50_ms": kumo["claim_p50_ms"],
+        "single_worker_claim_p99_ms": kumo["claim_p99_ms"],
+        "single_worker_plain_sql_p50_ms": plain["plain_sql_claim_p50_ms"],
+        "single_worker_plain_sql_p99_ms": plain["plain_sql_claim_p99_ms"],
+        "single_worker_no_valid_host": kumo["no_valid_host"],
+        "single_worker_plain_sql_failed": plain["plain_sql_failed"],
+    }
+    log(
+        f"one worker: claim p50 {result['single_worker_claim_p50_ms']} ms, plain SQL"
+        f" {result['single_worker_plain_sql_p50_ms']} ms"
+    )
+    violations = count_violations()
+    log(f"checks: {violations}")
+    result["single_worker_placed"] = violations.pop("placed")
+    return result, violations
+
+
+def judged(result: dict) -> dict:
+    """The targets this run could measure, whether each was met, and whether all were."""
+    targets = {name: goal for name, goal in TARGETS.items() if name in result}
+    met = {
+        name: (result[name] <= goal if name in AT_MOST else result[name] >= goal)
+        for name, goal in targets.items()
+    }
+    return {"targets": targets, "met": met, "all_met": all(met.values())}
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", choices=("all", "concurrent", "single"), default="all")
+    phase = parser.parse_args().phase
     began = time.monotonic()
+    result, violations = {}, {}
     with django_on_throwaway_database(DB_NAME):
         from django.conf import settings
 
-        log(f"seeding {HOSTS} hosts, {HOSTS * CELLS * GPUS_PER_CELL} GPUs and VMs")
-        t0 = time.perf_counter()
-        kumo_ids, plain_ids = seed()
-        log(f"seeded in {time.perf_counter() - t0:.1f} s")
-        result = {"hosts": HOSTS}
-        result |= measure_decisions()
-        log(f"decisions: {result['decisions_per_s']}/s")
-        result |= measure_kumo_claims(kumo_ids)
-        log(f"kumo claims: {result['claims_per_s']}/s, p99 {result['claim_p99_ms']} ms")
-        result |= measure_plain_claims(plain_ids)
-        log(f"plain SQL claims: {result['plain_sql_claims_per_s']}/s")
-        violations = count_violations()
-        log(f"checks: {violations}")
-    placed = violations.pop("placed")
+        for name, run in (("concurrent", concurrent_phase), ("single", single_phase)):
+            if phase in ("all", name):
+                figures, found = run()
+                result |= figures
+                for check, count in found.items():
+                    violations[check] = violations.get(check, 0) + count
     result |= {
-        "claims_vs_plain_sql": round(result["claims_per_s"] / result["plain_sql_claims_per_s"], 3),
         "workers": WORKERS,
         "view_ttl_s": settings.SCHEDULER_VIEW_TTL_S,
         "sample": settings.SCHEDULER_SAMPLE,
-        "placed": placed,
         "violations": violations,
         "wall_s": round(time.monotonic() - began, 1),
         "overallocated": sum(violations.values()),
     }
+    result |= judged(result)
     print(json.dumps(result))
 
 

@@ -187,6 +187,8 @@ def admission_refusal(vm: VirtualMachine) -> str:
     (they only ever borrow the headroom)."""
     if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
         return ""  # a VM in a lease runs on the lease's own GPUs
+    if not _anything_to_check(vm):
+        return ""
     if vm.gpus:
         guarantees = list(
             CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=vm.gpu_model).values_list(
@@ -221,6 +223,46 @@ def admission_refusal(vm: VirtualMachine) -> str:
                 "headroom); waiting for capacity"
             )
     return ""
+
+
+def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
+    """The SQL condition under which ``vm``'s admission has nothing to weigh, and its
+    parameters (named ``admission_*``); None when ``vm`` is always admitted (spot, or in a
+    lease). It holds when no other project has a guarantee of vCPUs or (for a GPU VM) of
+    its GPU model and no lease holds that model now or later (a lease's peak from now is
+    then 0): every request is then admitted, as ``admission_refusal`` would find. A claim
+    puts it in its own statement (``compute.claims``), so the common case asks nothing
+    more; where it does not hold, the caller asks ``admission_refusal``."""
+    if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
+        return None
+    holding = [str(state) for state in leases.HOLDING]
+    states = ", ".join(f"%(admission_state{i})s" for i in range(len(holding)))
+    sql = f"""NOT EXISTS (
+            SELECT 1 FROM {CapacityGuarantee._meta.db_table}
+            WHERE project_id <> %(admission_project)s
+              AND (min_vcpus > 0 OR (%(admission_gpus)s AND min_gpus > 0
+                                     AND gpu_model = %(admission_model)s))
+        ) AND NOT (%(admission_gpus)s AND EXISTS (
+            SELECT 1 FROM {Lease._meta.db_table}
+            WHERE gpu_model = %(admission_model)s AND state IN ({states})
+              AND ends_at > %(admission_now)s
+        ))"""
+    params = {
+        "admission_project": vm.project_id,
+        "admission_gpus": bool(vm.gpus),
+        "admission_model": vm.gpu_model,
+        "admission_now": connection.ops.adapt_datetimefield_value(timezone.now()),
+    } | {f"admission_state{i}": state for i, state in enumerate(holding)}
+    return sql, params
+
+
+def _anything_to_check(vm: VirtualMachine) -> bool:
+    """Whether ``vm``'s admission has anything to weigh (``nothing_to_weigh``), in one
+    query."""
+    sql, params = nothing_to_weigh(vm)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        return not cursor.fetchone()[0]
 
 
 def _on_demand_use(

@@ -2,17 +2,18 @@
 
 The view (``compute.scheduler.Scheduler``) is loaded from the database and kept for
 ``KUMO_SCHEDULER_VIEW_TTL_S`` seconds in each process; it may be stale, so the claim
-re-checks everything in one transaction:
+re-checks everything in the caller's transaction:
 
-1. ``UPDATE host SET vcpus_used = vcpus_used + v, … WHERE state = 'up' AND vcpus_used + v
-   <= floor(vcpus * ratio) AND …``: one statement that checks and moves the host's counters
-   under the row lock it takes, so two claims on one host queue and the second sees the first;
-2. ``UPDATE device SET vm = … WHERE id IN (…) AND vm IS NULL``: every chosen GPU, or none;
-3. the placement group's row is locked and its policy re-checked against its members;
-4. the VM moves to provisioning with a conditional UPDATE on its generation.
+1. a member of a placement group locks the group's row and re-checks its policy against
+   the members placed by then;
+2. ``compute.claims`` writes the claim in one statement: it locks the host if it still has
+   the room, every chosen GPU if it is still free and the VM if it is still unplaced, and
+   only if it got them all moves the host's counters, gives the GPUs, moves the VM to
+   provisioning and opens its usage intervals. Two claims on one host or GPU queue on the
+   row and the second sees the first.
 
-A claim that loses a race rolls back to its savepoint, refreshes that host in the view and
-decides again; nothing is ever allocated twice, whatever the view said.
+A claim that loses a race writes nothing; the view refreshes that host and decides again;
+nothing is ever allocated twice, whatever the view said.
 
 An RDMA port bound to a host takes one of its virtual functions through ``rdma_vf_claim``
 (network asks; the device rows are compute's to write), by the same conditional UPDATE.
@@ -29,11 +30,10 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
-from django.db.models.functions import Floor
-from django.utils import timezone
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
+from compute.claims import AdmissionToWeigh, ClaimConflict, claim_write, devices_give
 from compute.models import Device, Host, PlacementGroup, VirtualMachine
 from compute.scheduler import (
     GROUP_FILTERS,
@@ -43,7 +43,6 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
-from tenants import usage
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +55,6 @@ LIVE_STATES = [
     VmState.ERROR,
     VmState.EVICTING,
 ]
-
-
-class ClaimConflict(Exception):
-    """The view was stale: the host or its devices changed since it was loaded."""
 
 
 # --- the view -----------------------------------------------------------------------------------
@@ -206,13 +201,6 @@ def request_for(vm: VirtualMachine, *, group_locked: bool = False) -> Request:
 # --- the claim ----------------------------------------------------------------------------------
 
 
-def _devices_give(device_ids, vm_id: UUID, **where) -> int:
-    """Give devices ``device_ids`` (that also match ``where``) to VM ``vm_id`` with one
-    ``UPDATE … WHERE vm IS NULL``, so a device is never given to two VMs; returns how many
-    were given."""
-    return Device.objects.filter(pk__in=device_ids, vm__isnull=True, **where).update(vm=vm_id)
-
-
 def rdma_vf_claim(*, host_id: int, vm_id: UUID | None) -> Device | None:
     """The first free RDMA virtual function of host ``host_id`` by PCI address, for a port
     being bound there: given to no VM and held by no port (a port without a VM holds its VF
@@ -226,63 +214,30 @@ def rdma_vf_claim(*, host_id: int, vm_id: UUID | None) -> Device | None:
         .first()
     )
     if vf is not None and vm_id is not None:
-        _devices_give([vf.pk], vm_id)
+        devices_give([vf.pk], vm_id)
     return vf
 
 
-def claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
-    """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict
-    (leaving nothing behind: it runs in a savepoint) when the database disagrees."""
-    with transaction.atomic():
-        _claim(vm, placement, req)
-
-
-def _claim(vm: VirtualMachine, placement: Placement, req: Request) -> None:
-    moved = Host.objects.filter(
-        pk=placement.host_id,
-        state=HostState.UP,
-        vcpus_used__lte=Floor(F("vcpus") * F("cpu_allocation_ratio")) - req.vcpus,
-        memory_mib_used__lte=Floor(F("memory_mib") * F("ram_allocation_ratio")) - req.memory_mib,
-    ).update(
-        vcpus_used=F("vcpus_used") + req.vcpus,
-        memory_mib_used=F("memory_mib_used") + req.memory_mib,
-    )
-    if not moved:
-        raise ClaimConflict(f"host {placement.host_name} no longer has the room")
-    if placement.device_ids:
-        taken = _devices_give(
-            placement.device_ids,
-            vm.pk,
-            host_id=placement.host_id,
-            present=True,
-            lease_id=vm.lease_id,  # a lease's GPUs go to its VMs only
-        )
-        if taken != len(placement.device_ids):
-            raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
+def claim(
+    vm: VirtualMachine,
+    placement: Placement,
+    req: Request,
+    *,
+    admitted_if: tuple[str, dict] | None = None,
+) -> None:
+    """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict,
+    leaving nothing written, when the database disagrees (``admitted_if``: see
+    ``compute.claims.claim_write``). A member of a placement group first locks its group's
+    row and re-checks the policy against the members placed by then, so two members are
+    placed one after the other; then ``compute.claims`` writes the claim, all of it or
+    nothing."""
     if vm.placement_group_id is not None:
         PlacementGroup.objects.select_for_update().get(pk=vm.placement_group_id)
         current = request_for(vm)
         probe = HostView(id=placement.host_id, name=placement.host_name, rack=placement.rack)
         if not all(check(probe, current) for check in GROUP_FILTERS):
             raise ClaimConflict("another member of the placement group was placed meanwhile")
-    changes = {
-        "host_id": placement.host_id,
-        "numa_cell": placement.numa_cell,
-        "rack": placement.rack,
-        "state": VmState.PROVISIONING,
-        "state_reason": "",
-        "generation": vm.generation + 1,
-    }
-    now = timezone.now()
-    updated = VirtualMachine.objects.filter(
-        pk=vm.pk, generation=vm.generation, host__isnull=True
-    ).update(**changes, updated_at=now)
-    if not updated:
-        raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
-    for name, value in changes.items():
-        setattr(vm, name, value)
-    # pending -> provisioning, however the VM was placed: its bill starts with the claim.
-    usage.vm_usage_sync(vm, at=now)
+    claim_write(vm, placement, req, admitted_if=admitted_if)
 
 
 def place(vm: VirtualMachine) -> Placement:
@@ -290,34 +245,44 @@ def place(vm: VirtualMachine) -> Placement:
 
     Retries a lost race on a refreshed view; when nothing fits even on a fresh view, raises
     ``NoValidHost`` with the reason for the user. An on-demand VM that would take other
-    projects' guaranteed headroom is refused first (``compute.guarantees``).
+    projects' guaranteed headroom is refused (``compute.guarantees``): the claim itself
+    checks that there is nothing to weigh (no other project's guarantee, no lease of its
+    GPU model), the common case; where there is, ``admission_refusal`` decides, and a
+    refused VM takes nothing, with the refusal as its reason.
     """
     req = request_for(vm)
     if vm.lease_id is not None:
         return _place_in_lease(vm, req)
     from compute import guarantees
 
-    refusal = guarantees.admission_refusal(vm)
-    if refusal:
-        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
+    admitted_if = guarantees.nothing_to_weigh(vm)  # None: admitted once weighed (or spot)
     fresh = False
     for _attempt in range(CLAIM_ATTEMPTS):
         with view.lock:
             scheduler = view.get(fresh=fresh)
             try:
-                placement = scheduler.select(req)
-            except NoValidHost:
-                if fresh:
-                    raise
-                fresh = True  # the view may be stale: look once more on a fresh one
-                continue
-            scheduler.reserve(placement, req)
+                placement, nothing = scheduler.select(req), None
+                scheduler.reserve(placement, req)
+            except NoValidHost as e:
+                nothing = e
+        if nothing is not None:
+            if admitted_if is not None:  # weighed first: the refusal is the better reason
+                _raise_if_refused(vm, req)
+                admitted_if = None
+            if fresh:
+                raise nothing
+            fresh = True  # the view may be stale: look once more on a fresh one
+            continue
         try:
-            claim(vm, placement, req)
-        except ClaimConflict as e:
-            log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
+            claim(vm, placement, req, admitted_if=admitted_if)
+        except (ClaimConflict, AdmissionToWeigh) as e:
             with view.lock:
-                view.refresh_host(placement.host_id)
+                view.refresh_host(placement.host_id)  # and forget the reservation
+            if isinstance(e, AdmissionToWeigh):
+                _raise_if_refused(vm, req)
+                admitted_if = None
+                continue
+            log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
             if vm.placement_group_id is not None:
                 req = request_for(vm)
             continue
@@ -337,6 +302,14 @@ def place(vm: VirtualMachine) -> Placement:
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
     )
+
+
+def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:
+    from compute import guarantees
+
+    refusal = guarantees.admission_refusal(vm)
+    if refusal:
+        raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
 
 
 def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:

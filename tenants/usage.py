@@ -49,19 +49,21 @@ def _subject(subject) -> tuple[str, str]:
     return subject._meta.label_lower, str(subject.pk)
 
 
-def vm_usage_wanted(vm) -> dict[tuple[str, str], tuple[Decimal, str]]:
-    """What ``vm`` should have open now: (resource, model) -> (quantity, priority)."""
+def vm_usage_wanted(vm, *, state: str | None = None) -> dict[tuple[str, str], tuple[Decimal, str]]:
+    """What ``vm`` should have open now (or once in ``state``): (resource, model) ->
+    (quantity, priority)."""
+    state = state or vm.state
     disk = {(UsageResource.STORAGE.value, ""): (Decimal(vm.disk_gib), BillingPriority.ON_DEMAND)}
     kept = bool(getattr(vm, "kept_disk", ""))
-    if vm.state == "shelved" or (vm.state == "pending" and kept):
+    if state == "shelved" or (state == "pending" and kept):
         return disk if vm.disk_gib else {}
-    if vm.state not in BILLABLE_VM_STATES and vm.state not in HELD_VM_STATES:
+    if state not in BILLABLE_VM_STATES and state not in HELD_VM_STATES:
         return {}
     priority = vm.priority if vm.priority in BillingPriority.values else BillingPriority.ON_DEMAND
     leased = getattr(vm, "lease_id", None) is not None
     if leased:
         priority = BillingPriority.RESERVED  # its GPUs are the lease's, billed with the lease
-    if vm.state in HELD_VM_STATES:
+    if state in HELD_VM_STATES:
         priority = BillingPriority.HELD
     wanted = {
         (UsageResource.VCPU.value, ""): (Decimal(vm.vcpus), priority),
@@ -69,7 +71,7 @@ def vm_usage_wanted(vm) -> dict[tuple[str, str], tuple[Decimal, str]]:
     }
     if vm.gpus and not leased:
         wanted[(UsageResource.GPU.value, vm.gpu_model or "")] = (Decimal(vm.gpus), priority)
-    if vm.state in HELD_VM_STATES and vm.disk_gib:
+    if state in HELD_VM_STATES and vm.disk_gib:
         wanted.update(disk)
     return {key: value for key, value in wanted.items() if value[0] > 0}
 
@@ -128,6 +130,72 @@ def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> 
             for resource, model in to_open
         )
     return len(stale) + len(to_open)
+
+
+def vm_usage_sync_ctes(vm, *, state: str, at: datetime, when: str) -> tuple[str, dict]:
+    """``vm_usage_sync`` of ``vm`` once in ``state``, as data-modifying CTEs that the caller
+    puts in the WITH list of the PostgreSQL statement that makes that change, so the VM's
+    state and its bill are written in one round trip (``compute.claims``). They close and
+    open the intervals ``_sync`` would, at ``at``, each opened one starting no earlier than
+    the last end of its key, and only where the caller's SQL condition ``when`` holds:
+    otherwise they write nothing. Returns the CTE text (``usage_wanted``, ``usage_closed``,
+    ``usage_opened``; no leading comma) and its parameters (named ``usage_*``)."""
+    wanted = vm_usage_wanted(vm, state=state)
+    params = {
+        "usage_project": vm.project_id,
+        "usage_type": VM_SUBJECT,
+        "usage_id": str(vm.pk),
+        "usage_name": vm.name[:200],
+        "usage_at": at,
+    }
+    rows = []
+    for i, ((resource, model), (quantity, priority)) in enumerate(wanted.items()):
+        rows.append(
+            f"(%(usage_r{i})s::varchar, %(usage_m{i})s::varchar,"
+            f" %(usage_q{i})s::numeric, %(usage_p{i})s::varchar)"
+        )
+        params |= {
+            f"usage_r{i}": resource,
+            f"usage_m{i}": model,
+            f"usage_q{i}": quantity,
+            f"usage_p{i}": str(priority),
+        }
+    values = (
+        f"VALUES {', '.join(rows)}"
+        if rows
+        else "SELECT NULL::varchar, NULL::varchar, NULL::numeric, NULL::varchar WHERE false"
+    )
+    table = UsageRecord._meta.db_table
+    mine = "subject_type = %(usage_type)s AND subject_id = %(usage_id)s"
+    return (
+        f"""usage_wanted (resource, model, quantity, priority) AS ({values}),
+usage_closed AS (
+    UPDATE {table} SET ended_at = GREATEST(%(usage_at)s, started_at)
+    WHERE {mine} AND ended_at IS NULL AND ({when})
+      AND (resource, model, quantity, priority) NOT IN (SELECT * FROM usage_wanted)
+    RETURNING id
+),
+usage_opened AS (
+    INSERT INTO {table} (project_id, subject_type, subject_id, subject_name, resource,
+                         model, priority, quantity, started_at, ended_at)
+    SELECT %(usage_project)s::bigint, %(usage_type)s::varchar, %(usage_id)s::varchar,
+           %(usage_name)s::varchar, w.resource,
+           w.model, w.priority, w.quantity,
+           GREATEST(%(usage_at)s, (SELECT max(ended_at) FROM {table}
+                                   WHERE {mine} AND resource = w.resource
+                                     AND model = w.model)),
+           NULL
+    FROM usage_wanted w
+    WHERE ({when})
+      AND (SELECT count(*) FROM usage_closed) >= 0  -- closed first: one open per key
+      AND NOT EXISTS (SELECT 1 FROM {table}
+                      WHERE {mine} AND ended_at IS NULL AND resource = w.resource
+                        AND model = w.model AND quantity = w.quantity
+                        AND priority = w.priority)
+    RETURNING id
+)""",
+        params,
+    )
 
 
 def _close(record: UsageRecord, at: datetime) -> None:

@@ -289,3 +289,65 @@ def _lifecycle_image():
     from compute.models import Image
 
     return Image.objects.filter(name="life").first() or make_image(name="life")
+
+
+@pytest.mark.postgres
+def test_the_sync_as_sql_writes_what_the_sync_writes(project):
+    """``vm_usage_sync_ctes`` (the claim's one statement) closes and opens exactly what
+    ``vm_usage_sync`` does: an interval kept, one closed, one reopened at another priority
+    (the one-open-interval index holds within the statement), one starting at the last end
+    of its key when that end is later; again, it writes nothing; its condition false,
+    nothing either."""
+    from django.db import connection
+
+    template = make_template(gpus=2)
+    at = timezone.now()
+    by_python, by_sql = make_vm(project, template), make_vm(project, template)
+    assert by_python.state == by_sql.state == VmState.PENDING  # no host: nothing billed yet
+    for vm in (by_python, by_sql):
+        mine = {"project": project, "subject_type": usage.VM_SUBJECT, "subject_id": str(vm.pk)}
+        UsageRecord.objects.create(
+            **mine, resource="vcpu", quantity=32, priority="on_demand",
+            started_at=at - timedelta(hours=2), ended_at=at + timedelta(hours=1),
+        )  # fmt: skip
+        UsageRecord.objects.create(
+            **mine, resource="memory", quantity=114, priority="held",
+            started_at=at - timedelta(hours=1),
+        )  # fmt: skip
+        UsageRecord.objects.create(
+            **mine, resource="storage", quantity=100, priority="on_demand",
+            started_at=at - timedelta(hours=1),
+        )  # fmt: skip
+        UsageRecord.objects.create(
+            **mine, resource="gpu", model=template.gpu_model, quantity=2, priority="on_demand",
+            started_at=at - timedelta(hours=1),
+        )  # fmt: skip
+
+    def rows(vm):
+        return sorted(
+            UsageRecord.objects.filter(subject_id=str(vm.pk)).values_list(
+                "resource", "model", "quantity", "priority", "started_at", "ended_at"
+            ),
+            key=repr,
+        )
+
+    def by_statement(when):
+        ctes, params = usage.vm_usage_sync_ctes(by_sql, state="provisioning", at=at, when=when)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH {ctes} SELECT (SELECT count(*) FROM usage_closed),"
+                " (SELECT count(*) FROM usage_opened)",
+                params,
+            )
+            return cursor.fetchone()
+
+    by_python.state = "provisioning"
+    assert usage.vm_usage_sync(by_python, at=at) == 4
+    assert by_statement("true") == (2, 2)
+    assert rows(by_sql) == rows(by_python)
+    assert ("vcpu", "", 32, "on_demand", at + timedelta(hours=1), None) in rows(by_sql)
+    assert by_statement("true") == (0, 0)
+
+    by_sql.disk_gib, by_sql.priority = 50, "spot"  # it would change; the condition says no
+    assert by_statement("false") == (0, 0)
+    assert rows(by_sql) == rows(by_python)

@@ -1,0 +1,96 @@
+"""The claim writes all of it or nothing: a claim that loses a race leaves no row changed,
+no usage interval and no row lock behind (PostgreSQL: the claim is one statement in a
+savepoint), and the same transaction can then claim elsewhere; a won claim opens the VM's
+usage intervals with it."""
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from compute import placement
+from compute.choices import VmState
+from compute.claims import ClaimConflict
+from compute.models import Device, Host, VirtualMachine
+from tenants import services as tenants
+from tenants.models import UsageRecord
+from tests.factories import make_host, make_project, make_template, make_vm
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def _other_connection():
+    settings = connection.settings_dict
+    return psycopg.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    )
+
+
+def _locked_elsewhere(other, table: str, ids) -> bool:
+    """Whether a row of ``ids`` in ``table`` is locked by another transaction."""
+    try:
+        other.execute(f"SELECT id FROM {table} WHERE id = ANY(%s) FOR UPDATE NOWAIT", [list(ids)])
+    except psycopg.errors.LockNotAvailable:
+        return True
+    return False
+
+
+def test_a_lost_claim_writes_nothing_holds_no_lock_and_the_transaction_claims_elsewhere():
+    project = make_project()
+    tenants.quota_set(project=project, vms=8, vcpus=1024, memory_gib=4096, gpus=16)
+    template = make_template(gpus=1)
+    first, second = make_vm(project, template), make_vm(project, template)
+    assert first.state == second.state == VmState.PENDING  # no host yet
+    host = make_host("gpu-a")
+    scheduler = placement.load_scheduler()
+    req = placement.request_for(first)
+    chosen = scheduler.select(req)
+    with transaction.atomic():
+        placement.claim(first, chosen, req)
+    assert first.state == VmState.PROVISIONING
+
+    # The second VM is claimed onto the very GPU the first now holds: a stale view.
+    before = Host.objects.values_list("vcpus_used", "memory_mib_used").get(pk=host.pk)
+    with _other_connection() as other, transaction.atomic():
+        second = VirtualMachine.objects.select_for_update().get(pk=second.pk)
+        with pytest.raises(ClaimConflict, match="GPU"):
+            placement.claim(second, chosen, placement.request_for(second))
+        assert Host.objects.values_list("vcpus_used", "memory_mib_used").get(pk=host.pk) == before
+        assert not UsageRecord.objects.filter(subject_id=str(second.pk)).exists()
+        assert second.state == VmState.PENDING and second.host_id is None
+        devices = list(Device.objects.filter(host=host).values_list("pk", flat=True))
+        assert not _locked_elsewhere(other, "compute_host", [host.pk])
+        assert not _locked_elsewhere(other, "compute_device", devices)
+
+        # The same transaction places it on a GPU that is free.
+        placement.place(second)
+    second.refresh_from_db()
+    assert second.state == VmState.PROVISIONING and second.host_id == host.pk
+    held = list(Device.objects.filter(vm__isnull=False).values_list("vm_id", flat=True))
+    assert sorted(map(str, held)) == sorted([str(first.pk), str(second.pk)])
+    resources = set(
+        UsageRecord.objects.filter(subject_id=str(second.pk), ended_at__isnull=True).values_list(
+            "resource", "quantity"
+        )
+    )
+    assert resources == {("vcpu", 16), ("memory", 57), ("gpu", 1)}
+    used = Host.objects.values_list("vcpus_used", "memory_mib_used").get(pk=host.pk)
+    assert used == (32, 2 * 57 * 1024)
+
+
+def test_a_claim_of_a_vm_changed_meanwhile_writes_nothing():
+    project = make_project()
+    tenants.quota_set(project=project, vms=8, vcpus=1024, memory_gib=4096, gpus=16)
+    vm = make_vm(project, make_template(gpus=2))
+    host = make_host("gpu-a")
+    req = placement.request_for(vm)
+    chosen = placement.load_scheduler().select(req)
+    VirtualMachine.objects.filter(pk=vm.pk).update(generation=vm.generation + 1)
+    with transaction.atomic(), pytest.raises(ClaimConflict, match="changed"):
+        placement.claim(vm, chosen, req)
+    assert Host.objects.get(pk=host.pk).vcpus_used == 0
+    assert not Device.objects.filter(vm__isnull=False).exists()
+    assert not UsageRecord.objects.filter(subject_id=str(vm.pk)).exists()
