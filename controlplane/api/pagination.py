@@ -1,3 +1,4 @@
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import EmptyPage, PageNotAnInteger
 from django.core.paginator import Paginator as DjangoPaginator
 from django.db.models import QuerySet
@@ -37,7 +38,10 @@ class CountingPaginator(DjangoPaginator):
         inner = queryset.order_by()
         if inner.query.group_by is None:
             inner = inner.values("pk")
-        sql, params = inner.query.get_compiler(using=queryset.db).as_sql()
+        try:
+            sql, params = inner.query.get_compiler(using=queryset.db).as_sql()
+        except EmptyResultSet:  # a condition nothing can match (``pk__in=[]``, ``none()``)
+            return super().page(number)
         counted = queryset.annotate(
             **{_TOTAL: RawSQL(f"SELECT COUNT(*) FROM ({sql}) AS counted", params)}
         )

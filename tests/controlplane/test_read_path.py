@@ -76,6 +76,12 @@ def test_an_empty_list_is_a_first_page_with_nothing(project):
         CountingPaginator(AuditEvent.objects.filter(action="none"), 5).page(2)
 
 
+def test_a_list_nothing_can_match_is_an_empty_first_page(project):
+    for queryset in (AuditEvent.objects.none(), AuditEvent.objects.filter(pk__in=[])):
+        paginator = CountingPaginator(queryset.order_by("id"), 5)
+        assert (list(paginator.page(1)), paginator.count) == ([], 0)
+
+
 def test_a_page_is_one_query_with_its_count(project, django_assert_num_queries):
     _events(project, 5)
     events = AuditEvent.objects.filter(project=project).order_by("id")
