@@ -15,7 +15,10 @@ and 100, which should be equal. The database's connection health check (``SELECT
 persistent connection is reused) is not counted: it bypasses Django's query log.
 
 Prints progress on stderr and one JSON line on stdout: ``list_rps``, ``detail_rps``,
-``bare_rps``, p99 latencies in ms, the ratios to bare, and the query counts. Gunicorn and the
+``bare_rps``, p99 latencies in ms, the ratios to bare, the query counts, the targets
+(``list_target``: a list page at least 0.25 of bare's rate; ``detail_target``: a detail at
+least 0.5) and whether each was met (``list_target_met``, ``detail_target_met``, and
+``targets_met`` for both); it exits with status 1 when a target is missed. Gunicorn and the
 load generator share the machine's cores, so compare figures from the same run; the ratios are
 the portable part. Stops gunicorn and drops the database at the end, whatever happens.
 
@@ -54,6 +57,9 @@ WARMUP_S = 1.0
 ROUNDS = 3
 SLICE_S = 2.0  # per endpoint and round: ROUNDS * SLICE_S seconds measured per endpoint
 SLICE_MAX_REQUESTS = 20_000  # the other bound of a slice, should the machine be very fast
+# The targets, as ratios of each endpoint's rate to bare's measured in the same run.
+LIST_TARGET = 0.25
+DETAIL_TARGET = 0.5
 
 
 def seed() -> tuple[str, str, list[int]]:
@@ -252,9 +258,16 @@ def main() -> None:
                 result = measure(port, targets, headers)
         finally:
             recreate_database(DB_NAME, drop_only=True)  # WITH (FORCE): also ends our own connection
+    list_vs_bare = result["list_rps"] / result["bare_rps"]
+    detail_vs_bare = result["detail_rps"] / result["bare_rps"]
     result |= {
-        "list_vs_bare": round(result["list_rps"] / result["bare_rps"], 3),
-        "detail_vs_bare": round(result["detail_rps"] / result["bare_rps"], 3),
+        "list_vs_bare": round(list_vs_bare, 3),
+        "detail_vs_bare": round(detail_vs_bare, 3),
+        "list_target": LIST_TARGET,
+        "detail_target": DETAIL_TARGET,
+        "list_target_met": list_vs_bare >= LIST_TARGET,
+        "detail_target_met": detail_vs_bare >= DETAIL_TARGET,
+        "targets_met": list_vs_bare >= LIST_TARGET and detail_vs_bare >= DETAIL_TARGET,
         "list_queries": queries,
         "objects": OBJECTS,
         "page_size": PAGE_SIZE,
@@ -263,6 +276,12 @@ def main() -> None:
         "wall_s": round(time.monotonic() - began, 1),
     }
     print(json.dumps(result))
+    if not result["targets_met"]:
+        log(
+            f"target missed: list {list_vs_bare:.3f} (>= {LIST_TARGET}), "
+            f"detail {detail_vs_bare:.3f} (>= {DETAIL_TARGET}) of bare"
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

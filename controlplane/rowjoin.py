@@ -1,16 +1,115 @@
-"""One row and its foreign key's row, read with SQL built once per process.
+"""Rows and their related rows, read with SQL built once per process.
 
-Every API request looks up its token (with the token's user) and then the caller's
-membership (with its project). Through the ORM each such lookup compiles its SQL anew,
-which costs more CPU than the database spends answering it. ``JoinedLookup`` builds the
-same ``SELECT … JOIN …`` once from the models' metadata and, per call, only executes it and
+Every API request looks up its token (with the token's user) and, under a project's URL, the
+caller's membership there (with its project). Through the ORM each such lookup compiles its
+SQL anew, which costs more CPU than the database spends answering it. ``RowLookup`` builds
+the ``SELECT … JOIN …`` once from the models' metadata and, per call, only executes it and
 turns the row into model instances the way the ORM does (the database backend's and each
-field's converters, ``Model.from_db``, the relation cached as ``select_related`` would).
+field's converters, ``Model.from_db``, relations cached as ``select_related`` would).
+``JoinedLookup`` is its common case: one model and one foreign key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from django.db import connections, router
+
+
+@dataclass(frozen=True)
+class Join:
+    """One more table of a ``RowLookup``: ``model`` as ``alias``, joined ``ON`` SQL ``on``
+    (over the aliases before it); ``outer`` makes it a LEFT JOIN, whose model is None in the
+    answer when no row matched."""
+
+    alias: str
+    model: type
+    on: str
+    outer: bool = False
+
+
+class RowLookup:
+    """``lookup.first(*params)``: for the first row of ``model`` (as alias ``m``) and its
+    ``joins`` matching ``where``, a dict of alias to model instance (None for an outer join
+    that matched nothing), or None when no row matched. ``where`` and the joins' conditions
+    are SQL with ``%s`` placeholders, whose params come in the order the SQL names them; the
+    lookup must match at most one row (a unique key), as the lookups it serves do.
+
+    ``relations`` are ``(alias, foreign key name, alias of the related row)``: each is
+    cached on the instance, as ``select_related`` would, when both rows were found.
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        joins: Sequence[Join] = (),
+        where: str,
+        relations: Sequence[tuple[str, str, str]] = (),
+    ) -> None:
+        self.model = model
+        self.tables = [("m", model), *((j.alias, j.model) for j in joins)]
+        self._fields = {alias: list(model_._meta.concrete_fields) for alias, model_ in self.tables}
+        self._pk_index = {
+            alias: self._fields[alias].index(model_._meta.pk) for alias, model_ in self.tables
+        }
+        models_ = dict(self.tables)
+        self.relations = [
+            (alias, models_[alias]._meta.get_field(name), related)
+            for alias, name, related in relations
+        ]
+        columns = [
+            f'{alias}."{field.column}"' for alias, _ in self.tables for field in self._fields[alias]
+        ]
+        sql = f'SELECT {", ".join(columns)} FROM "{model._meta.db_table}" m'
+        for join in joins:
+            kind = "LEFT JOIN" if join.outer else "JOIN"
+            sql += f' {kind} "{join.model._meta.db_table}" {join.alias} ON {join.on}'
+        self.sql = f"{sql} WHERE {where} LIMIT 1"
+        self._converters: dict[str, tuple] = {}
+
+    def _converters_for(self, alias: str, connection) -> tuple:
+        """Per column, the converters the ORM's compiler would apply to it."""
+        cached = self._converters.get(alias)
+        if cached is None:
+            cached = tuple(
+                tuple(_column_converters(field, model._meta.db_table, connection))
+                for table_alias, model in self.tables
+                for field in self._fields[table_alias]
+            )
+            self._converters[alias] = cached
+        return cached
+
+    def first(self, *params) -> dict | None:
+        alias = router.db_for_read(self.model)
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        found, start = {}, 0
+        converters = self._converters_for(alias, connection)
+        for table_alias, model in self.tables:
+            fields = self._fields[table_alias]
+            end = start + len(fields)
+            if row[start + self._pk_index[table_alias]] is None:
+                found[table_alias] = None  # an outer join that matched nothing
+            else:
+                values = []
+                for value, column_converters in zip(
+                    row[start:end], converters[start:end], strict=True
+                ):
+                    for convert, expression in column_converters:
+                        value = convert(value, expression, connection)
+                    values.append(value)
+                found[table_alias] = model.from_db(alias, [f.attname for f in fields], values)
+            start = end
+        for table_alias, field, related in self.relations:
+            if found[table_alias] is not None and found[related] is not None:
+                field.set_cached_value(found[table_alias], found[related])
+        return found
 
 
 class JoinedLookup:
@@ -20,56 +119,24 @@ class JoinedLookup:
     as the lookups it serves do."""
 
     def __init__(self, model, relation: str, where: str) -> None:
-        self.model = model
-        self.field = model._meta.get_field(relation)
-        self.related = self.field.related_model
-        self.where = where
-        self._fields = [f for f in model._meta.concrete_fields]
-        self._related_fields = [f for f in self.related._meta.concrete_fields]
-        columns = [f'm."{f.column}"' for f in self._fields]
-        columns += [f'r."{f.column}"' for f in self._related_fields]
-        self.sql = (
-            f'SELECT {", ".join(columns)} FROM "{model._meta.db_table}" m '
-            f'JOIN "{self.related._meta.db_table}" r ON r."{self.field.target_field.column}" '
-            f'= m."{self.field.column}" WHERE {where} LIMIT 1'
-        )
-        self._converters: dict[str, tuple] = {}
-
-    def _converters_for(self, alias: str, connection) -> tuple:
-        """Per column, the converters the ORM's compiler would apply to it."""
-        cached = self._converters.get(alias)
-        if cached is None:
-            cached = tuple(
-                tuple(_column_converters(field, table, connection))
-                for table, fields in (
-                    (self.model._meta.db_table, self._fields),
-                    (self.related._meta.db_table, self._related_fields),
+        field = model._meta.get_field(relation)
+        self._lookup = RowLookup(
+            model,
+            joins=[
+                Join(
+                    "r",
+                    field.related_model,
+                    f'r."{field.target_field.column}" = m."{field.column}"',
                 )
-                for field in fields
-            )
-            self._converters[alias] = cached
-        return cached
+            ],
+            where=where,
+            relations=[("m", relation, "r")],
+        )
+        self.sql = self._lookup.sql
 
     def first(self, *params):
-        alias = router.db_for_read(self.model)
-        connection = connections[alias]
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        values = []
-        for value, converters in zip(row, self._converters_for(alias, connection), strict=True):
-            for convert, expression in converters:
-                value = convert(value, expression, connection)
-            values.append(value)
-        split = len(self._fields)
-        obj = self.model.from_db(alias, [f.attname for f in self._fields], values[:split])
-        related = self.related.from_db(
-            alias, [f.attname for f in self._related_fields], values[split:]
-        )
-        self.field.set_cached_value(obj, related)
-        return obj
+        found = self._lookup.first(*params)
+        return None if found is None else found["m"]
 
 
 def _column_converters(field, table: str, connection):

@@ -1,27 +1,21 @@
 """API token authentication: ``Authorization: Bearer kumo_<prefix>_<secret>``."""
 
 import hmac
-from functools import cache
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from controlplane.rowjoin import JoinedLookup
 from tenants import services
-from tenants.models import ApiToken
-
-
-@cache
-def _token_by_prefix() -> JoinedLookup:
-    """The token with its user, by prefix (unique): one query whose SQL is built once."""
-    return JoinedLookup(ApiToken, "user", 'm."prefix" = %s')
+from tenants.selectors import token_by_prefix
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """Finds the token by its public prefix, then compares SHA-256 digests in constant time.
 
     Sets ``request.auth`` to the ApiToken, whose ``project`` (if any) limits what the
-    request can see: the scoped querysets read it.
+    request can see: the scoped querysets read it. When the view has named the request's
+    project (``request.project_slug``), the token's query also reads the caller's membership
+    there (``tenants.selectors.token_by_prefix``).
     """
 
     keywords = (b"bearer", b"token")
@@ -43,7 +37,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not raw.startswith(services.TOKEN_PREFIX) or raw.count("_") < 2:
             raise exceptions.AuthenticationFailed("Not a Kumo API token.")
         prefix = raw[len(services.TOKEN_PREFIX) :].split("_", 1)[0]
-        token = _token_by_prefix().first(prefix)
+        token = token_by_prefix(prefix, project_slug=getattr(request, "project_slug", None))
         if token is None or not hmac.compare_digest(token.digest, services.token_digest(raw)):
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()

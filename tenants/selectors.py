@@ -5,7 +5,7 @@ from functools import cache
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from controlplane.rowjoin import JoinedLookup
+from controlplane.rowjoin import Join, JoinedLookup, RowLookup
 from tenants import quotas
 from tenants.models import (
     ApiToken,
@@ -25,9 +25,15 @@ def token_project_id(token) -> int | None:
 
 def membership_for(user, slug: str, *, token=None) -> Membership | None:
     """The user's membership in the project ``slug`` (with the project loaded), or None when
-    the user has no role there, or the request's token is scoped to another project."""
+    the user has no role there, or the request's token is scoped to another project.
+
+    A token read by ``token_by_prefix`` for this same slug already carries the answer (read
+    in the token's own query, under the same conditions): no second query."""
     if not getattr(user, "is_authenticated", False):
         return None
+    prefetched = getattr(token, "prefetched_membership", None)
+    if prefetched is not None and prefetched[0] == slug and token.user_id == user.pk:
+        return prefetched[1]
     scoped = token_project_id(token)
     if scoped is None:
         return _membership_lookup(scoped=False).first(user.pk, slug)
@@ -36,12 +42,51 @@ def membership_for(user, slug: str, *, token=None) -> Membership | None:
 
 @cache
 def _membership_lookup(*, scoped: bool) -> JoinedLookup:
-    """Every API request's second query (after its token's): built once, not per request.
-    (user, project slug) is unique, so it matches at most one membership."""
+    """A session's API request's second query (after its user's): built once, not per
+    request. (user, project slug) is unique, so it matches at most one membership."""
     where = 'm."user_id" = %s AND r."slug" = %s'
     if scoped:
         where += ' AND m."project_id" = %s'
     return JoinedLookup(Membership, "project", where)
+
+
+def token_by_prefix(prefix: str, *, project_slug: str | None = None) -> ApiToken | None:
+    """The API token whose public prefix is ``prefix`` (unique), with its user, or None.
+
+    Given ``project_slug`` (the request's URL names a project), the same query also reads
+    the token's user's membership there with its project, under ``membership_for``'s
+    conditions (a token scoped to another project has none), and keeps it on the token as
+    ``prefetched_membership = (slug, membership or None)``: a project's API request then
+    costs one query before its own, not two."""
+    if project_slug is None:
+        found = _token_lookup(with_membership=False).first(prefix)
+    else:
+        found = _token_lookup(with_membership=True).first(project_slug, prefix)
+    if found is None:
+        return None
+    token = found["m"]
+    if project_slug is not None:
+        token.prefetched_membership = (project_slug, found["ms"])
+    return token
+
+
+@cache
+def _token_lookup(*, with_membership: bool) -> RowLookup:
+    joins = [Join("u", User, 'u."id" = m."user_id"')]
+    relations = [("m", "user", "u")]
+    if with_membership:
+        joins += [
+            Join("p", Project, 'p."slug" = %s', outer=True),
+            Join(
+                "ms",
+                Membership,
+                'ms."project_id" = p."id" AND ms."user_id" = m."user_id"'
+                ' AND (m."project_id" IS NULL OR m."project_id" = p."id")',
+                outer=True,
+            ),
+        ]
+        relations += [("ms", "project", "p"), ("ms", "user", "u")]
+    return RowLookup(ApiToken, joins=joins, where='m."prefix" = %s', relations=relations)
 
 
 def projects_for(user, *, token=None):

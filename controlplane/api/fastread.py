@@ -18,13 +18,14 @@ planner does not understand means no plan.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import FieldDoesNotExist
-from django.db import models
+from django.db import connections, models
 from django.utils import timezone
 from rest_framework import ISO_8601, relations, serializers
 from rest_framework.generics import get_object_or_404
@@ -41,21 +42,49 @@ class ReadPlan:
 
     #: (output name, values() path, converter or None for "as it is")
     fields: tuple[tuple[str, str, Callable[[Any], Any] | None], ...]
+    #: the columns to read; those read as ISO 8601 text (``select``) under these keys
+    paths: tuple[str, ...] = ()
+    iso_keys: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
-    @property
-    def paths(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(path for _, path, _ in self.fields))
+    @classmethod
+    def of(cls, fields) -> ReadPlan:
+        datetimes = dict.fromkeys(path for _, path, convert in fields if convert is _DATETIME)
+        return cls(
+            fields=fields,
+            paths=tuple(dict.fromkeys(path for _, path, _ in fields)),
+            iso_keys={path: f"kumo_iso_{i}" for i, path in enumerate(datetimes)},
+        )
+
+    def select(self, queryset: models.QuerySet) -> models.QuerySet:
+        """``queryset.values()`` of the plan's columns. When the answer's time zone is UTC and
+        the database PostgreSQL, each date-time comes formatted by the database as DRF would
+        write it (``2026-11-24T05:06:07.000012Z``, no fraction when it is zero), instead of
+        being parsed into a datetime only to be formatted again: ``render_many`` then reads
+        the text as it is."""
+        if not self.iso_keys or not _iso_in_sql(queryset):
+            return queryset.values(*self.paths)
+        parsed = {path for _, path, convert in self.fields if convert is not _DATETIME}
+        iso = {key: _IsoUTC(path) for path, key in self.iso_keys.items()}
+        return queryset.values(*(path for path in self.paths if path in parsed), **iso)
 
     def render(self, row: dict) -> dict:
         return self.render_many((row,))[0]
 
     def render_many(self, rows: Iterable[dict]) -> list[dict]:
-        # Converters that depend on the request's time zone are bound once per answer.
-        tz = timezone.get_current_timezone()
-        fields = [
-            (name, path, _iso_datetime(tz) if convert is _DATETIME else convert)
-            for name, path, convert in self.fields
-        ]
+        rows = rows if isinstance(rows, list) else list(rows)
+        if rows and self.iso_keys and next(iter(self.iso_keys.values())) in rows[0]:
+            # The date-times came as text (``select``): each is read as it is.
+            fields = [
+                (name, self.iso_keys[path], None) if convert is _DATETIME else (name, path, convert)
+                for name, path, convert in self.fields
+            ]
+        else:
+            # Converters that depend on the request's time zone are bound once per answer.
+            tz = timezone.get_current_timezone()
+            fields = [
+                (name, path, _iso_datetime(tz) if convert is _DATETIME else convert)
+                for name, path, convert in self.fields
+            ]
         return [
             {
                 name: value if (value := row[path]) is None or convert is None else convert(value)
@@ -96,7 +125,7 @@ def _compile(serializer_class) -> ReadPlan | None:
         if planned is None:
             return None
         fields.append((name, *planned))
-    return ReadPlan(fields=tuple(fields))
+    return ReadPlan.of(tuple(fields))
 
 
 def _column_path(model, attrs: list[str]) -> tuple[str, bool] | None:
@@ -192,6 +221,28 @@ def _column(model, attrs: list[str]):
     return model._meta.get_field(attrs[-1])
 
 
+def _iso_in_sql(queryset) -> bool:
+    return connections[queryset.db].vendor == "postgresql" and str(
+        timezone.get_current_timezone()
+    ) in ("UTC", "Etc/UTC")
+
+
+class _IsoUTC(models.Func):
+    """A timestamptz column as DRF's ISO 8601 text in UTC, by PostgreSQL: microseconds only
+    when there are some, ``Z`` for the offset (``to_char`` pads the year to four digits, as
+    Python's ``isoformat`` does)."""
+
+    template = (
+        "to_char(%(expressions)s AT TIME ZONE 'UTC', CASE WHEN to_char(%(expressions)s, 'US')"
+        " = '000000' THEN 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'"
+        ' ELSE \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\' END)'
+    )
+    output_field = models.TextField()
+
+    def __init__(self, path: str) -> None:
+        super().__init__(models.F(path))
+
+
 def _iso_datetime(tz) -> Callable:
     """DRF's DateTimeField.to_representation in ISO 8601, for the aware values a
     ``DateTimeField`` column holds when ``USE_TZ`` is on."""
@@ -223,7 +274,7 @@ class ReadPathMixin:
         plan = self._read_plan() if isinstance(queryset, models.QuerySet) else None
         if plan is None:
             return super().paginate_queryset(queryset)
-        page = super().paginate_queryset(queryset.values(*plan.paths))
+        page = super().paginate_queryset(plan.select(queryset))
         return None if page is None else _Rows(plan.render_many(page))
 
     def get_serializer(self, *args, **kwargs):
@@ -234,7 +285,7 @@ class ReadPathMixin:
         if args and isinstance(args[0], models.QuerySet) and kwargs.get("many"):
             plan = self._read_plan()
             if plan is not None:
-                return PlannedData(plan.render_many(args[0].values(*plan.paths)))
+                return PlannedData(plan.render_many(plan.select(args[0])))
         return super().get_serializer(*args, **kwargs)
 
     def get_object(self):
@@ -243,7 +294,7 @@ class ReadPathMixin:
             return super().get_object()
         lookup = self.lookup_url_kwarg or self.lookup_field
         row = get_object_or_404(
-            self.get_queryset().values(*plan.paths),
+            plan.select(self.get_queryset()),
             **{self.lookup_field: self.kwargs[lookup]},
         )
         return _Row(plan.render(row))

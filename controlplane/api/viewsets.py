@@ -93,6 +93,15 @@ class ProjectScopedViewSet(KumoViewMixin, viewsets.GenericViewSet):
     permission_classes = [permissions.IsAuthenticated, ProjectRolePermission]
     lookup_value_regex = r"[^/]+"
 
+    def initialize_request(self, request, *args, **kwargs):
+        request = super().initialize_request(request, *args, **kwargs)
+        # Names the project to the token authentication, whose one query then also reads the
+        # caller's membership there (tenants.selectors.token_by_prefix). A name with a NUL
+        # character names nothing (``initial`` answers 404), and PostgreSQL refuses it.
+        slug = kwargs.get("project_slug")
+        request.project_slug = slug if slug is not None and "\x00" not in slug else None
+        return request
+
     @cached_property
     def membership(self):
         membership = membership_for(
