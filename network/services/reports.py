@@ -34,12 +34,7 @@ def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
             return  # older than the report recorded: it says nothing new
         fields = {
             "vtep_address": payload.get("vtep") or None,
-            "underlay_device": payload.get("underlay_device", ""),
-            "underlay_mtu": int(payload.get("underlay_mtu") or 1500),
-            "gateway": bool(payload.get("gateway")),
-            "external_bridge": payload.get("external_bridge", ""),
-            "trunk_device": payload.get("trunk_device", ""),
-            "sriov_pfs": payload.get("sriov_pfs") or {},
+            **_host_fields(payload),
             "reported_at": sent_at,
         }
         # The agent's word is the truth: one that restarted has applied nothing yet and
@@ -64,6 +59,19 @@ def host_network_reported(*, host: str, payload: dict, sent_at) -> None:
         sync.send_desired([target.pk])
 
 
+def _host_fields(payload: dict) -> dict:
+    """What a network report says of its host's set-up, as ``HostNetwork`` fields (raises
+    ``TypeError``/``ValueError`` on a malformed MTU)."""
+    return {
+        "underlay_device": payload.get("underlay_device", ""),
+        "underlay_mtu": int(payload.get("underlay_mtu") or 1500),
+        "gateway": bool(payload.get("gateway")),
+        "external_bridge": payload.get("external_bridge", ""),
+        "trunk_device": payload.get("trunk_device", ""),
+        "sriov_pfs": payload.get("sriov_pfs") or {},
+    }
+
+
 def _in_step(host: str, payload: dict, sent_at) -> bool:
     """Record the report in one statement if it changes nothing but ``reported_at``: the
     host's row exists and is older, holds every field as the report says, and the host has
@@ -71,12 +79,7 @@ def _in_step(host: str, payload: dict, sent_at) -> bool:
     only save the same values and send nothing."""
     try:
         same = {
-            "underlay_device": payload.get("underlay_device", ""),
-            "underlay_mtu": int(payload.get("underlay_mtu") or 1500),
-            "gateway": bool(payload.get("gateway")),
-            "external_bridge": payload.get("external_bridge", ""),
-            "trunk_device": payload.get("trunk_device", ""),
-            "sriov_pfs": payload.get("sriov_pfs") or {},
+            **_host_fields(payload),
             "applied_generation": int(payload.get("applied_generation") or 0),
         }
     except (TypeError, ValueError):
