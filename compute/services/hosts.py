@@ -28,6 +28,9 @@ def host_heartbeat_reported(*, host: str, payload: dict, sent_at: datetime) -> N
     ``host_heartbeat``'s, unchanged. A fleet's hosts send these all the time, almost all of
     them of the first kind, so that one is written out (the ORM takes longer to build it
     than PostgreSQL to run it)."""
+    if connection.vendor != "postgresql":  # the statement is PostgreSQL's
+        host_heartbeat(host=host, payload=payload, sent_at=sent_at)
+        return
     version, uri, capabilities, started = _heartbeat_fields(payload)
     with connection.cursor() as cursor:
         cursor.execute(
