@@ -5,7 +5,7 @@ usage intervals with it."""
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from compute import placement
 from compute.choices import VmState
@@ -14,19 +14,9 @@ from compute.models import Device, Host, VirtualMachine
 from tenants import services as tenants
 from tenants.models import UsageRecord
 from tests.factories import make_host, make_project, make_template, make_vm
+from tests.pg import second_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def _other_connection():
-    settings = connection.settings_dict
-    return psycopg.connect(
-        host=settings["HOST"] or "127.0.0.1",
-        port=settings["PORT"] or 5432,
-        user=settings["USER"],
-        dbname=settings["NAME"],
-        autocommit=True,
-    )
 
 
 def _locked_elsewhere(other, table: str, ids) -> bool:
@@ -54,7 +44,7 @@ def test_a_lost_claim_writes_nothing_holds_no_lock_and_the_transaction_claims_el
 
     # The second VM is claimed onto the very GPU the first now holds: a stale view.
     before = Host.objects.values_list("vcpus_used", "memory_mib_used").get(pk=host.pk)
-    with _other_connection() as other, transaction.atomic():
+    with second_connection() as other, transaction.atomic():
         second = VirtualMachine.objects.select_for_update().get(pk=second.pk)
         with pytest.raises(ClaimConflict, match="GPU"):
             placement.claim(second, chosen, placement.request_for(second))

@@ -4,27 +4,15 @@ fault 5): on PostgreSQL, another connection kills the request's backend with
 
 import contextlib
 
-import psycopg
 import pytest
 from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
 from tests.factories import UserFactory, make_project, token_for
+from tests.pg import second_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def _admin_connection():
-    s = connection.settings_dict
-    return psycopg.connect(
-        host=s["HOST"] or "127.0.0.1",
-        port=s["PORT"] or 5432,
-        user=s["USER"],
-        password=s["PASSWORD"] or None,
-        dbname=s["NAME"],
-        autocommit=True,
-    )
 
 
 @contextlib.contextmanager
@@ -36,7 +24,7 @@ def cut_on(marker: str):
     def wrapper(execute, sql, params, many, context):
         if not cut and marker in sql:
             pid = context["connection"].connection.info.backend_pid
-            with _admin_connection() as admin:
+            with second_connection() as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", [pid])
             cut.append(sql)
         return execute(sql, params, many, context)
