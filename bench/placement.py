@@ -1,10 +1,11 @@
 """Placement at scale: decisions in memory, claims in PostgreSQL by concurrent schedulers.
 
 Creates a fresh PostgreSQL database ``kumo_bench_placement`` on 127.0.0.1:5432 (user
-postgres, trust auth), migrates it and seeds 5,000 up hosts (128 vCPUs, 460 GiB, two NUMA
-cells, racks of 40), each with 8 A100 GPUs (4 per cell), one project, 1/2/4/8-GPU templates
-(16 vCPUs and 57 GiB per GPU, so an 8-GPU VM fills a host) and pending VMs of a seeded mix of
-those sizes (40 % 1 GPU, 30 % 2, 20 % 4, 10 % 8). Then, in this order:
+postgres, trust auth; ``KUMO_BENCH_PLACEMENT_DB`` names another), migrates it and seeds
+5,000 up hosts (128 vCPUs, 460 GiB, two NUMA cells, racks of 40), each with 8 A100 GPUs (4
+per cell), one project, 1/2/4/8-GPU templates (16 vCPUs and 57 GiB per GPU, so an 8-GPU VM
+fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2, 20 % 4,
+10 % 8). Then, in this order:
 
 1. decisions: ``Scheduler.select`` + ``reserve`` in one process on a view of the 5,000 hosts
    loaded by ``compute.placement.load_scheduler``, no database, over DECISIONS requests;
@@ -58,7 +59,7 @@ from bench.common import (  # noqa: E402
     percentile_ms,
 )
 
-DB_NAME = "kumo_bench_placement"
+DB_NAME = os.environ.get("KUMO_BENCH_PLACEMENT_DB", "kumo_bench_placement")
 HOSTS = 5_000
 RACK_SIZE = 40
 CELLS = 2

@@ -16,6 +16,11 @@ On PostgreSQL a claim is one statement, sent with its savepoint in one round tri
    ``ClaimConflict``. A claim that won leaves its savepoint to the caller's commit (a
    released savepoint would cost one more round trip and free nothing).
 
+The statement is prepared and planned once per connection (sent with the first claim of
+each shape) and then only executed: planning the whole statement again for every claim
+would cost more than running it. Its plan reads every row by key, however large the tables
+grow. A connection that lost its prepared statements, or a fresh one, prepares them again.
+
 So nothing is ever allocated twice: two claims of one GPU or of the last room on a host
 queue on the row, and the second finds it taken. Elsewhere (SQLite, where writers are
 serialised anyway) the same checks and writes run as conditional UPDATEs in a savepoint.
@@ -23,9 +28,13 @@ serialised anyway) the same checks and writes run as conditional UPDATEs in a sa
 
 from __future__ import annotations
 
+import hashlib
+import re
+import weakref
+from functools import lru_cache
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Floor
 from django.utils import timezone
@@ -164,7 +173,7 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
     }
     sql = _CLAIM.replace("{usage}", ctes).replace("{admitted}", f"({admitted})")
     with connection.cursor() as cursor:
-        _execute(cursor, "SAVEPOINT kumo_claim", sql, params=params)
+        _execute_claim(cursor, sql, params)
         host, devices, vm_rows, admitted = cursor.fetchone()
         if host == 1 and devices == len(placement.device_ids) and vm_rows == 1 and admitted:
             return
@@ -176,6 +185,86 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
     if devices != len(placement.device_ids):
         raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
+
+
+# The claim statements prepared on each connection (a new connection starts with none).
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+_NOT_PREPARED = "26000"  # invalid_sql_statement_name: the connection no longer has it
+_ALREADY_PREPARED = "42P05"  # duplicate_prepared_statement
+
+
+@lru_cache(maxsize=64)
+def _prepared_form(sql: str) -> tuple[str, str, str]:
+    """``sql`` (with ``%(name)s`` parameters) as a prepared statement: its name (from its
+    text, so each shape of claim has its own), the ``PREPARE`` (parameters numbered in order
+    of first use, their types inferred from where they are used) and the ``EXECUTE`` taking
+    the same named parameters."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    body = _PARAMETER.sub(number, sql)
+    name = "kumo_claim_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    arguments = ", ".join(f"%({n})s" for n in names)
+    return name, f"PREPARE {name} AS {body}", f"EXECUTE {name}({arguments})"
+
+
+_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"  # prepared statements only
+
+
+def _execute_claim(cursor, sql: str, params: dict) -> None:
+    """``SAVEPOINT kumo_claim`` then the claim ``sql``, in one round trip, leaving the
+    cursor on the claim's answer. With Django's default client-side binding the claim is a
+    prepared statement of this connection, planned once, the first time, in the same round
+    trip: PostgreSQL then runs the cached plan instead of planning every claim again.
+
+    That plan reads every row by its key, whatever the tables' sizes (a plan made on a
+    young, small usage table would scan it whole as it grows): it is made with sequential
+    scans off, and JIT compilation too (the prohibitive cost then given to the scans it
+    cannot avoid, of tables without a usable index, would call for it at every run), in a
+    savepoint rolled back before the claim runs, so the settings go with it. Claims then
+    use that plan (``plan_cache_mode``, for this transaction's prepared statements, which
+    are the claim's alone). PostgreSQL plans it again, as it would any statement, when a
+    table it reads is analysed or altered.
+
+    A prepared statement outlives a rolled-back transaction; one the connection lost (or
+    one it has that this process did not know of) is noticed by its error, after which the
+    claim rolls back to its savepoint and sends it again, prepared as the connection
+    needs."""
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+        _execute(cursor, "SAVEPOINT kumo_claim", sql, params=params)
+        return
+    name, prepare, execute = _prepared_form(sql)
+    known = _prepared.setdefault(connection.connection, set())
+    for attempt in range(2):
+        statements = ["SAVEPOINT kumo_claim", _GENERIC, execute]
+        if name not in known:
+            statements[1:1] = [
+                "SET LOCAL enable_seqscan = off",
+                "SET LOCAL jit = off",  # a scan it cannot avoid would count as worth compiling
+                _GENERIC,
+                prepare,
+                f"EXPLAIN {execute}",  # plans it and keeps the plan, running nothing
+                "ROLLBACK TO SAVEPOINT kumo_claim",
+            ]
+        try:
+            _execute(cursor, *statements, params=params)
+        except DatabaseError as e:
+            state = getattr(e.__cause__, "sqlstate", None)
+            if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
+                raise
+            cursor.execute("ROLLBACK TO SAVEPOINT kumo_claim")
+            if state == _NOT_PREPARED:
+                known.discard(name)
+            else:
+                known.add(name)
+            continue
+        known.add(name)
+        return
 
 
 def _execute(cursor, *statements: str, params: dict | None = None) -> None:

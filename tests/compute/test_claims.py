@@ -1,13 +1,14 @@
 """The claim writes all of it or nothing: a claim that loses a race leaves no row changed,
 no usage interval and no row lock behind (PostgreSQL: the claim is one statement in a
 savepoint), and the same transaction can then claim elsewhere; a won claim opens the VM's
-usage intervals with it."""
+usage intervals with it. The claim is planned once per connection, whatever the connection
+forgot meanwhile."""
 
 import psycopg
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
-from compute import placement
+from compute import claims, placement
 from compute.choices import VmState
 from compute.claims import ClaimConflict
 from compute.models import Device, Host, VirtualMachine
@@ -84,3 +85,63 @@ def test_a_claim_of_a_vm_changed_meanwhile_writes_nothing():
     assert Host.objects.get(pk=host.pk).vcpus_used == 0
     assert not Device.objects.filter(vm__isnull=False).exists()
     assert not UsageRecord.objects.filter(subject_id=str(vm.pk)).exists()
+
+
+def _claims_prepared() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'kumo_claim_%'")
+        return cursor.fetchone()[0]
+
+
+def test_the_claim_is_prepared_once_per_connection_and_again_wherever_it_was_lost():
+    project = make_project()
+    tenants.quota_set(project=project, vms=8, vcpus=1024, memory_gib=4096, gpus=16)
+    template = make_template(gpus=1)
+    vms = [make_vm(project, template) for _ in range(4)]
+    host = make_host("gpu-a")
+
+    def claim(vm):
+        req = placement.request_for(vm)
+        with transaction.atomic():
+            placement.claim(vm, placement.load_scheduler().select(req), req)
+        assert vm.state == VmState.PROVISIONING
+
+    with connection.cursor() as cursor:  # statistics of small tables, as a young database has
+        cursor.execute(
+            "ANALYZE compute_host, compute_device, compute_virtualmachine, tenants_usagerecord"
+        )
+    sent = []
+
+    def record(run, sql, params, many, context):
+        sent.append((sql, params))
+        return run(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        claim(vms[0])
+    assert _claims_prepared() == 1
+    # Its plan reads rows by key, although these tables are small enough to scan whole.
+    execute, params = next((sql, params) for sql, params in sent if "EXECUTE" in sql)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute("EXPLAIN " + execute.split("; ")[-1], params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "Index Scan using one_open_usage_interval" in plan
+    for table in ("compute_host", "compute_device", "compute_virtualmachine", "tenants_usage"):
+        assert f"Seq Scan on {table}" not in plan
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # the connection lost it (as after DISCARD ALL)
+    claim(vms[1])
+    assert _claims_prepared() == 1
+    claims._prepared.clear()  # the connection has it, this process does not know
+    claim(vms[2])
+    assert _claims_prepared() == 1
+    connection.close()  # a fresh connection has none
+    claim(vms[3])
+    assert _claims_prepared() == 1
+
+    held = Device.objects.filter(vm__isnull=False).values_list("vm_id", flat=True)
+    assert sorted(map(str, held)) == sorted(str(vm.pk) for vm in vms)
+    assert Host.objects.get(pk=host.pk).vcpus_used == 4 * 16
+    for vm in vms:
+        assert UsageRecord.objects.filter(subject_id=str(vm.pk), ended_at__isnull=True).count() == 3
