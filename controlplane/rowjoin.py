@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from django.db import connections, router
 
+from controlplane import prepared
+
 
 @dataclass(frozen=True)
 class Join:
@@ -84,11 +86,10 @@ class RowLookup:
     def first(self, *params) -> dict | None:
         alias = router.db_for_read(self.model)
         connection = connections[alias]
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql, params)
-            row = cursor.fetchone()
-        if row is None:
+        rows = prepared.fetch(connection, self.sql, params)
+        if not rows:
             return None
+        row = rows[0]
         found, start = {}, 0
         converters = self._converters_for(alias, connection)
         for table_alias, model in self.tables:

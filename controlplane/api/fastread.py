@@ -14,6 +14,12 @@ A serializer gets no plan, and keeps DRF's path, when any field is more than a c
 method field, a nested serializer, a many-to-many relation, a source that is a property or
 ``*``, or a class that overrides ``to_representation``. Nothing is guessed: a field the
 planner does not understand means no plan.
+
+On PostgreSQL a plain list or detail of a project's objects does not even build its ORM query
+per request: its SQL is compiled once per view class (``CompiledRead``), with the project's
+id, and a detail's key, as bound parameters whose places are found by compiling the query
+twice with two different stand-in values. Each request only binds its own project's id (read
+through the caller's membership, as the scoped queryset reads it) and runs that SQL.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import FieldDoesNotExist
+from django.core.exceptions import EmptyResultSet, FieldDoesNotExist
 from django.db import connections, models
+from django.db.models.query import MAX_GET_RESULTS, ValuesIterable
+from django.http import Http404
 from django.utils import timezone
-from rest_framework import ISO_8601, relations, serializers
+from rest_framework import ISO_8601, mixins, relations, serializers
 from rest_framework.generics import get_object_or_404
 from rest_framework.settings import api_settings
+
+from controlplane import prepared
 
 _NO_PLAN = object()
 _DATETIME = object()  # a DateTimeField in ISO 8601, converted in the answer's time zone
@@ -197,6 +207,14 @@ def _converter(model, attrs: list[str], field) -> Callable | object | None:
         column, models.IntegerField
     ):
         return None  # int(value) of an int
+    big = getattr(serializers, "BigIntegerField", None)  # DRF 3.16: a big key's own field
+    if (
+        big is not None
+        and shows is big.to_representation
+        and isinstance(column, models.IntegerField)
+        and not getattr(field, "coerce_to_string", api_settings.COERCE_BIGINT_TO_STRING)
+    ):
+        return None  # int(value) of an int, not written as a string
     if shows is serializers.BooleanField.to_representation and isinstance(
         column, models.BooleanField
     ):
@@ -254,6 +272,119 @@ def _iso_datetime(tz) -> Callable:
     return convert
 
 
+# The stand-ins of a compiled read's per-request values, one set per compilation: the places
+# where the two compilations' parameters differ, each by its own stand-in, are theirs. They are
+# negative, as no key of Kumo's is, so no constant of the query can be taken for one (and
+# within a 32-bit integer's range, which Django checks a key against).
+_STAND_INS = ((-2_013_560_101, -2_013_560_102), (-2_013_560_111, -2_013_560_112))
+
+
+class CompiledRead:
+    """A ``values()`` query's SQL compiled once, and how to run it again with other values
+    where its stand-ins were (``compile_read``): rows as ``values()`` answers them, each column
+    converted as the ORM's compiler converts it. Only the SQL text and constants are kept
+    between requests; every value that ``values`` gives is a bound parameter of that run."""
+
+    __slots__ = ("alias", "converters", "model", "names", "ordered", "params", "places", "sql")
+
+    def __init__(self, *, model, alias, sql, params, places, names, converters, ordered) -> None:
+        self.model, self.alias, self.sql, self.params = model, alias, sql, params
+        self.places, self.names, self.converters, self.ordered = places, names, converters, ordered
+
+    def rows(self, values: tuple, suffix: str = "") -> list[dict]:
+        params = list(self.params)
+        for index, which in self.places:
+            params[index] = values[which]
+        connection = connections[self.alias]
+        fetched = prepared.fetch(connection, self.sql + suffix, params)
+        names, converters = self.names, self.converters
+        answer = []
+        for row in fetched:
+            if converters:
+                row = list(row)
+                for position, (functions, expression) in converters:
+                    value = row[position]
+                    for convert in functions:
+                        value = convert(value, expression, connection)
+                    row[position] = value
+            answer.append(dict(zip(names, row, strict=True)))
+        return answer
+
+
+def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledRead | None:
+    """The SQL of ``build(*values)``, a ``values()`` queryset of ``count`` values, compiled
+    once: ``build`` is called twice with different stand-ins, and the SQL is kept only when
+    both compile to the same text whose parameters differ exactly where the stand-ins are,
+    every stand-in has a place, and every other parameter is a constant (text, a number, a
+    truth value): a query whose SQL or constants depend on anything else (a time, a value the
+    stand-ins don't reach) has none, and keeps the ORM's path."""
+    compiled = []
+    for stand_ins in _STAND_INS:
+        queryset = build(*stand_ins[:count])
+        if queryset is None or queryset._iterable_class is not ValuesIterable:
+            return None
+        compiler = queryset.query.get_compiler(using=queryset.db)
+        try:
+            sql, params = compiler.as_sql()
+        except EmptyResultSet:
+            return None
+        compiled.append((queryset, compiler, sql, tuple(params)))
+    (queryset, compiler, sql, params), (_, _, other_sql, other_params) = compiled
+    if sql != other_sql or len(params) != len(other_params):
+        return None
+    first_set, second_set = (stand_ins[:count] for stand_ins in _STAND_INS)
+    places = []
+    for index, (first, second) in enumerate(zip(params, other_params, strict=True)):
+        which = first_set.index(first) if type(first) is int and first in first_set else None
+        if which is not None and second == second_set[which]:
+            places.append((index, which))
+        elif first != second or type(first) not in (str, int, bool) or second in second_set:
+            return None
+    fields = [column[0] for column in compiler.select[: compiler.col_count]]
+    if {which for _, which in places} != set(range(count)) or compiler.has_composite_fields(fields):
+        return None
+    query = queryset.query
+    if query.selected:
+        names = tuple(query.selected)
+    else:
+        names = (*query.extra_select, *query.values_select, *query.annotation_select)
+    if len(names) != len(fields):
+        return None
+    return CompiledRead(
+        model=queryset.model,
+        alias=queryset.db,
+        sql=sql,
+        params=params,
+        places=tuple(places),
+        names=names,
+        converters=tuple(compiler.get_converters(fields).items()),
+        ordered=queryset.ordered,
+    )
+
+
+class CompiledList:
+    """A list's page read through its compiled SQL (``CountingPaginator`` reads it with
+    ``read_page``); ``queryset()`` is the queryset that SQL stands for, for Django's paginator
+    when a page is past what the SQL can ask for."""
+
+    __slots__ = ("compiled", "queryset", "values")
+
+    def __init__(self, compiled: CompiledRead, values: tuple, queryset: Callable) -> None:
+        self.compiled, self.values, self.queryset = compiled, values, queryset
+
+    @property
+    def ordered(self) -> bool:
+        return self.compiled.ordered
+
+    def read_page(self, bottom: int, size: int) -> list[dict]:
+        ops = connections[self.compiled.alias].ops
+        return self.compiled.rows(self.values, " " + ops.limit_offset_sql(bottom, bottom + size))
+
+
+#: per (view class, serializer class, action, database, date-times in SQL): its compiled read
+_compiled: dict[tuple, CompiledRead | None] = {}
+
+
 class ReadPathMixin:
     """List and retrieve through the serializer's read plan when it has one.
 
@@ -270,11 +401,44 @@ class ReadPathMixin:
             return None
         return plan_for(self.get_serializer_class())
 
+    def _read_scope(self) -> tuple[tuple, Callable[..., models.QuerySet]] | None:
+        """For a compiled read: this request's values that scope what the view reads, and
+        a function that makes the view's queryset from such values; None when the view
+        reads otherwise (then nothing is compiled). Base views that scope their reads
+        override it."""
+        return None
+
+    def _plain_list(self) -> bool:
+        """True when this list request's queryset is its view's queryset as it is, filtered
+        by nothing the request gives, ordered as the view orders it."""
+        return False
+
+    def _compiled(self, plan: ReadPlan, action: str, compile_: Callable) -> tuple | None:
+        """(compiled read, this request's values) of the view's ``action``, compiled on its
+        view's first such request; None when it has none (then the ORM's path)."""
+        scope = self._read_scope()
+        if scope is None:
+            return None
+        values, build = scope
+        key = (type(self), self.get_serializer_class(), action, _iso_zone(), self.lookup_field)
+        compiled = _compiled.get(key, _NO_PLAN)
+        if compiled is _NO_PLAN:
+            compiled = _compiled[key] = compile_(build, len(values))
+        return None if compiled is None else (compiled, values)
+
     def paginate_queryset(self, queryset):
         plan = self._read_plan() if isinstance(queryset, models.QuerySet) else None
         if plan is None:
             return super().paginate_queryset(queryset)
-        page = super().paginate_queryset(plan.select(queryset))
+        compiled = None
+        if type(self).list is mixins.ListModelMixin.list and self._plain_list():
+            compiled = self._compiled(plan, "list", lambda b, n: _compile_list(self, plan, b, n))
+        if compiled is None:
+            page = super().paginate_queryset(plan.select(queryset))
+        else:
+            page = super().paginate_queryset(
+                CompiledList(*compiled, queryset=lambda: plan.select(queryset))
+            )
         return None if page is None else _Rows(plan.render_many(page))
 
     def get_serializer(self, *args, **kwargs):
@@ -293,11 +457,72 @@ class ReadPathMixin:
         if plan is None or not _plain_permissions(self):
             return super().get_object()
         lookup = self.lookup_url_kwarg or self.lookup_field
-        row = get_object_or_404(
-            plan.select(self.get_queryset()),
-            **{self.lookup_field: self.kwargs[lookup]},
-        )
+        key = self.kwargs[lookup]
+        compiled = self._compiled(plan, "retrieve", lambda b, n: _compile_detail(self, plan, b, n))
+        if compiled is not None:
+            read, values = compiled
+            value = _integer_key(read, key)
+            rows = None if value is None else read.rows((*values, value))
+            if rows is not None and len(rows) <= 1:
+                if not rows:  # as Django's get_object_or_404 says it
+                    raise Http404(f"No {read.model._meta.object_name} matches the given query.")
+                return _Row(plan.render(rows[0]))
+        row = get_object_or_404(plan.select(self.get_queryset()), **{self.lookup_field: key})
         return _Row(plan.render(row))
+
+
+def _iso_zone() -> bool:
+    return str(timezone.get_current_timezone()) in ("UTC", "Etc/UTC")
+
+
+def _compile_list(view, plan: ReadPlan, build: Callable, count: int) -> CompiledRead | None:
+    """A plain list's page with its count (``counted_queryset``), without its LIMIT and
+    OFFSET, which ``CompiledList`` appends as Django's compiler writes them (checked here)."""
+    from controlplane.api.pagination import counted_queryset
+
+    def page(*values):
+        return counted_queryset(plan.select(view.filter_queryset(build(*values))))
+
+    compiled = compile_read(page, count)
+    if compiled is None or connections[compiled.alias].vendor != "postgresql":
+        return None
+    ops = connections[compiled.alias].ops
+    for bottom, top in ((0, 7), (3, 10)):
+        queryset = page(*_STAND_INS[0][:count])[bottom:top]
+        sql, _ = queryset.query.get_compiler(using=queryset.db).as_sql()
+        if sql != f"{compiled.sql} {ops.limit_offset_sql(bottom, top)}":
+            return None
+    return compiled
+
+
+def _compile_detail(view, plan: ReadPlan, build: Callable, count: int) -> CompiledRead | None:
+    """A detail by an integer key, as ``QuerySet.get`` reads it (unordered, at most
+    MAX_GET_RESULTS rows), the key a bound parameter after the scope's values."""
+    model = build(*_STAND_INS[0][:count]).model
+    try:
+        field = model._meta.get_field(view.lookup_field) if view.lookup_field != "pk" else None
+    except FieldDoesNotExist:
+        return None
+    field = field or model._meta.pk
+    if not isinstance(field, models.IntegerField) or not (field.primary_key or field.unique):
+        return None
+
+    def detail(*values):
+        queryset = plan.select(build(*values[:-1])).filter(**{view.lookup_field: values[-1]})
+        return queryset.order_by()[:MAX_GET_RESULTS]
+
+    compiled = compile_read(detail, count + 1)
+    if compiled is None or connections[compiled.alias].vendor != "postgresql":
+        return None
+    return compiled
+
+
+def _integer_key(read: CompiledRead, key) -> int | None:
+    """``key`` as the integer Django would look up, or None when Django's own path should
+    read it (anything but plain digits, or a number past the column's range)."""
+    if not isinstance(key, str) or not key.isascii() or not key.isdigit() or len(key) > 18:
+        return None
+    return int(key) if int(key) <= 2**31 - 1 else None
 
 
 class _Rows(list):

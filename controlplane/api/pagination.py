@@ -14,6 +14,20 @@ _TOTAL = "_kumo_page_total"
 _MAX_OFFSET = 2**63 - 1
 
 
+def counted_queryset(queryset: QuerySet) -> QuerySet | None:
+    """``queryset`` with the count of all its rows on each row (as ``_TOTAL``), counted as
+    Django counts: the rows of the query without its ordering (a grouped query, with its own
+    select; any other, its keys alone). None when the queryset can match nothing."""
+    inner = queryset.order_by()
+    if inner.query.group_by is None:
+        inner = inner.values("pk")
+    try:
+        sql, params = inner.query.get_compiler(using=queryset.db).as_sql()
+    except EmptyResultSet:
+        return None
+    return queryset.annotate(**{_TOTAL: RawSQL(f"SELECT COUNT(*) FROM ({sql}) AS counted", params)})
+
+
 class CountingPaginator(DjangoPaginator):
     """Django's paginator, except that a page of a plain queryset is read with the count of
     the whole list in the same query (a scalar subquery the database runs once): one round trip
@@ -26,29 +40,26 @@ class CountingPaginator(DjangoPaginator):
     """
 
     def page(self, number):
-        if not self._countable():
+        precompiled = getattr(self.object_list, "read_page", None)
+        if precompiled is not None and (self.orphans or not self.allow_empty_first_page):
+            self.object_list, precompiled = self.object_list.queryset(), None
+        if precompiled is None and not self._countable():
             return super().page(number)
         number = self._validate_number(number)
         bottom = (number - 1) * self.per_page
         if bottom + self.per_page > _MAX_OFFSET:  # past any list, and past the SQL's integers
-            return super().page(number)
-        queryset = self.object_list
-        # Counted as Django counts: the rows of the query without its ordering (a grouped
-        # query, with its own select; any other, its keys alone).
-        inner = queryset.order_by()
-        if inner.query.group_by is None:
-            inner = inner.values("pk")
-        try:
-            sql, params = inner.query.get_compiler(using=queryset.db).as_sql()
-        except EmptyResultSet:  # a condition nothing can match (``pk__in=[]``, ``none()``)
-            return super().page(number)
-        counted = queryset.annotate(
-            **{_TOTAL: RawSQL(f"SELECT COUNT(*) FROM ({sql}) AS counted", params)}
-        )
-        rows = list(counted[bottom : bottom + self.per_page])
+            return self._djangos_page(number)
+        if precompiled is not None:
+            # A page whose SQL, count included, was compiled once (``fastread.CompiledList``).
+            rows = precompiled(bottom, self.per_page)
+        else:
+            counted = counted_queryset(self.object_list)
+            if counted is None:  # a condition nothing can match (``pk__in=[]``, ``none()``)
+                return super().page(number)
+            rows = list(counted[bottom : bottom + self.per_page])
         if not rows and number > 1:
             raise EmptyPage(self.error_messages["no_results"])
-        if rows and queryset._iterable_class is ValuesIterable:
+        if rows and isinstance(rows[0], dict):
             total = rows[0][_TOTAL]
             for row in rows:
                 del row[_TOTAL]
@@ -60,6 +71,12 @@ class CountingPaginator(DjangoPaginator):
             total = 0
         self.__dict__["count"] = total  # Paginator.count is a cached_property
         return self._get_page(rows, number, self)
+
+    def _djangos_page(self, number):
+        queryset = getattr(self.object_list, "queryset", None)
+        if queryset is not None:  # compiled SQL stands for this queryset: Django reads that
+            self.object_list = queryset()
+        return super().page(number)
 
     def _countable(self) -> bool:
         queryset = self.object_list

@@ -11,14 +11,16 @@
 """
 
 from django.utils.functional import cached_property
-from rest_framework import mixins, permissions, viewsets
+from rest_framework import filters, mixins, permissions, viewsets
 from rest_framework.response import Response
 
 from controlplane import audit
 from controlplane.api import idempotency
 from controlplane.api.fastread import ReadPathMixin
+from controlplane.api.filters import FilterBackend
 from controlplane.errors import NotFound, PermissionDenied
 from tenants.choices import Role
+from tenants.models import Project
 from tenants.selectors import membership_for, token_project_id
 
 
@@ -50,6 +52,21 @@ class KumoViewMixin(ReadPathMixin):
         if getattr(self, "action", None) != "list":
             return queryset
         return super().filter_queryset(queryset)
+
+    def _plain_list(self) -> bool:
+        # Only the page and its size given; Kumo's own filtering (nothing without a value)
+        # and DRF's ordering (the view's own without a parameter).
+        paginator = self.paginator
+        given = set(self.request.query_params)
+        if type(self).filter_queryset is not KumoViewMixin.filter_queryset or not given <= {
+            getattr(paginator, "page_query_param", None),
+            getattr(paginator, "page_size_query_param", None),
+        }:
+            return False
+        backends = tuple(self.filter_backends)
+        if not set(backends) <= {FilterBackend, filters.OrderingFilter}:
+            return False
+        return FilterBackend not in backends or FilterBackend()._filters_nothing(self.request, self)
 
     def audit_refusal(self) -> dict:
         """What a refused write of this view was aimed at: the fields of its audit event."""
@@ -131,6 +148,18 @@ class ProjectScopedViewSet(KumoViewMixin, viewsets.GenericViewSet):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no request
             return self.model.objects.none()
         return self.model.objects.for_project(self.project)
+
+    def _read_scope(self):
+        # The project's id is the one value: compiled once, the scoped queryset of a stand-in
+        # project answers for every project, and each request binds its own project's id.
+        if type(self).get_queryset is not ProjectScopedViewSet.get_queryset:
+            return None
+        model = self.model
+
+        def scoped(project_id):
+            return model.objects.for_project(Project(pk=project_id))
+
+        return (self.project.pk,), scoped
 
     def get_serializer_context(self):
         context = super().get_serializer_context()

@@ -5,7 +5,7 @@ fault 5): on PostgreSQL, another connection kills the request's backend with
 import contextlib
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -83,3 +83,36 @@ def test_portal_page_cut_in_a_middleware_answers_503_with_retry_after():
     assert response.status_code == 503, response.content
     assert response["Retry-After"] == "5"
     assert b"Traceback" not in response.content
+
+
+def test_a_connection_lost_while_idle_is_replaced_by_the_next_requests_first_read(
+    monkeypatch,
+):
+    """The token lookup, a request's first statement, also checks a kept connection (no
+    ``SELECT 1`` before it): when the connection was lost between requests, the lookup opens
+    a new one and the request succeeds, as Django's health check would have made it."""
+    user = UserFactory()
+    project = make_project(owner=user)
+    api = APIClient(raise_request_exception=False)
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token_for(user)}")
+    url = f"/api/v1/projects/{project.slug}/audit-events/"
+    assert api.get(url).status_code == 200
+    checks = []
+    wrapper = connections["default"]
+    is_usable = type(wrapper).is_usable
+    monkeypatch.setattr(
+        type(wrapper), "is_usable", lambda conn: checks.append(1) or is_usable(conn)
+    )
+    for lost in (False, True):
+        connection.close_if_unusable_or_obsolete()  # a request's end, as a real server does
+        pid = connection.connection.info.backend_pid
+        if lost:
+            with second_connection() as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+        checks.clear()
+        response = api.get(url)
+        assert response.status_code == 200, response.content
+        assert (connection.connection.info.backend_pid != pid) is lost
+        # Django's check (``SELECT 1``) only once the lookup failed, to tell a lost
+        # connection from a failing statement.
+        assert len(checks) == (1 if lost else 0)

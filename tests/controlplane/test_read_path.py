@@ -159,3 +159,136 @@ def test_a_project_request_costs_one_query_before_its_own(
     api.get(url)  # the token's first use records it
     with django_assert_num_queries(2):  # the token with the membership, the event
         assert api.get(url).status_code == 200
+
+
+def _ids(response):
+    assert response.status_code == 200, response.content
+    return {row["id"] for row in response.json()["results"]}
+
+
+@pytest.mark.postgres
+def test_a_compiled_read_answers_each_request_with_its_own_projects_rows(
+    client_for, project, other_project
+):
+    """A plain list or detail runs SQL compiled once for its view (``fastread.CompiledRead``)
+    whatever the project: each request binds its own project's id, so one project's or
+    user's request never reads another's rows through that SQL, first or later."""
+    from controlplane.api import fastread
+
+    fastread._compiled.clear()
+    _events(project, 3)
+    _events(other_project, 2)
+    both = add_member(project, role=Role.READER)
+    add_member(other_project, user=both, role=Role.READER)
+    rows = {
+        p.slug: set(AuditEvent.objects.filter(project=p).values_list("id", flat=True))
+        for p in (project, other_project)
+    }
+    mine = next(iter(rows[project.slug]))
+
+    def lists(slug):
+        return reverse("api:project-auditevent-list", kwargs={"project_slug": slug})
+
+    def detail(slug, pk):
+        kwargs = {"project_slug": slug, "pk": pk}
+        return reverse("api:project-auditevent-detail", kwargs=kwargs)
+
+    owner, other_owner, member = (
+        client_for(project.owner),
+        client_for(other_project.owner),
+        client_for(both),
+    )
+    for _ in range(2):  # compiling, then compiled
+        assert _ids(owner.get(lists(project.slug))) == rows[project.slug]
+        assert _ids(other_owner.get(lists(other_project.slug))) == rows[other_project.slug]
+        assert _ids(member.get(lists(other_project.slug))) == rows[other_project.slug]
+        assert _ids(member.get(lists(project.slug))) == rows[project.slug]
+        assert owner.get(detail(project.slug, mine)).json()["id"] == mine
+        assert member.get(detail(project.slug, mine)).json()["id"] == mine
+        assert member.get(detail(other_project.slug, mine)).status_code == 404
+        assert other_owner.get(detail(other_project.slug, mine)).status_code == 404
+        assert other_owner.get(detail(project.slug, mine)).status_code == 404
+        assert owner.get(lists(other_project.slug)).status_code == 404
+    compiled = {key[2]: read for key, read in fastread._compiled.items()}
+    assert compiled.keys() == {"list", "retrieve"} and all(compiled.values())
+    for read in compiled.values():  # the SQL holds no project's id: each request binds its own
+        assert project.pk not in read.params and other_project.pk not in read.params
+
+
+@pytest.mark.postgres
+def test_a_compiled_read_answers_as_the_orm_path(client_for, project, monkeypatch):
+    """Pages, sizes, a page past the end, keys that name nothing or cannot be a key: the
+    same status and bytes as when each request builds its query with the ORM."""
+    from controlplane.api import fastread
+    from controlplane.api.viewsets import ProjectScopedViewSet
+
+    _events(project, 7)
+    api = client_for(project.owner)
+    url = reverse("api:project-auditevent-list", kwargs={"project_slug": project.slug})
+    pk = AuditEvent.objects.filter(project=project).latest("id").pk
+    requests = [
+        (url, {}),
+        (url, {"page_size": 3}),
+        (url, {"page_size": 3, "page": 3}),
+        (url, {"page_size": 3, "page": 4}),
+        (url, {"page_size": 3, "page": 0}),
+        (url, {"page": 2**62}),
+        (f"{url}{pk}/", {}),
+        (f"{url}{pk + 1000}/", {}),
+        (f"{url}0{pk}/", {}),
+        (f"{url}99999999999999999999/", {}),
+        (f"{url}-1/", {}),
+        (f"{url}x/", {}),
+    ]
+    fastread._compiled.clear()
+    compiled = [(r.status_code, r.content) for r in (api.get(u, q) for u, q in requests)]
+    assert all(fastread._compiled.values())
+    monkeypatch.setattr(ProjectScopedViewSet, "_read_scope", lambda view: None)
+    assert [(r.status_code, r.content) for r in (api.get(u, q) for u, q in requests)] == compiled
+
+
+@pytest.mark.postgres
+def test_a_read_is_compiled_only_when_its_values_are_its_only_variables(project):
+    from django.utils import timezone
+
+    from controlplane.api.fastread import compile_read
+
+    _events(project, 2)
+    events = AuditEvent.objects.values("id", "at", "detail", "project_slug")
+    read = compile_read(lambda p: events.filter(project_id=p).order_by("id"), 1)
+    expected = list(events.filter(project_id=project.pk).order_by("id"))
+    assert read.rows((project.pk,)) == expected  # converted as the ORM converts
+    refused = {
+        "a time in the query": lambda p: events.filter(project_id=p, at__lt=timezone.now()),
+        "a value the stand-in does not reach": lambda p: events.filter(project_id=project.pk),
+        "a value that is not a column's": lambda p: events.filter(project__slug=str(p)),
+        "models, not values()": lambda p: AuditEvent.objects.filter(project_id=p),
+        "a query nothing can match": lambda p: events.filter(project_id=p, pk__in=[]),
+    }
+    for reason, build in refused.items():
+        assert compile_read(build, 1) is None, reason
+
+
+@pytest.mark.postgres
+def test_a_prepared_statement_is_kept_and_logged_with_its_values(project):
+    """``controlplane.prepared``: the statement stays prepared on the connection, answers as
+    Django's cursor does, and Django's query log shows it with its values."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane import prepared
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(2):
+            with prepared.cursor(connection) as cursor:
+                cursor.execute("SELECT %s::int + 1, %s", [41, project.slug])
+                assert cursor.fetchone() == (42, project.slug)
+    assert [q["sql"] for q in queries.captured_queries] == [
+        f"SELECT 41::int + 1, '{project.slug}'"
+    ] * 2
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement = %s",
+            ["SELECT $1::int + 1, $2"],
+        )
+        assert cursor.fetchone() == (1,)
