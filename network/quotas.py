@@ -31,4 +31,4 @@ def _usage(project) -> dict[str, int]:
 
 
 def register() -> None:
-    quotas.register_usage_counts(_usage)
+    quotas.register_usage_counts(_usage, ("networks", "global_ips"))

@@ -40,4 +40,4 @@ def _usage(project) -> dict[str, int]:
 
 
 def register() -> None:
-    quotas.register_usage_counts(_usage)
+    quotas.register_usage_counts(_usage, ("storage_gib", "buckets"))

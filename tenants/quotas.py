@@ -20,7 +20,8 @@ from tenants.models import Project, Quota
 UsageCounter = Callable[[Project], int]
 UsageCounts = Callable[[Project], dict[str, int]]
 _counters: dict[str, list[UsageCounter]] = {name: [] for name in Quota.RESOURCES}
-_count_groups: list[UsageCounts] = []
+# Each group with the resources it counts (``None``: not said, so always asked).
+_count_groups: list[tuple[UsageCounts, frozenset[str] | None]] = []
 
 
 def register_usage(resource: str, counter: UsageCounter) -> None:
@@ -31,19 +32,26 @@ def register_usage(resource: str, counter: UsageCounter) -> None:
         _counters[resource].append(counter)
 
 
-def register_usage_counts(counter: UsageCounts) -> None:
+def register_usage_counts(counter: UsageCounts, resources: tuple[str, ...] = ()) -> None:
     """Register ``counter(project) -> {resource: int}``: several resources counted in one
-    go (compute counts VMs, vCPUs, memory and GPUs in one aggregate query)."""
-    if counter not in _count_groups:
-        _count_groups.append(counter)
+    go (compute counts VMs, vCPUs, memory and GPUs in one aggregate query). ``resources``
+    names what it counts, so a check of other resources never runs it."""
+    if any(counter is known for known, _ in _count_groups):
+        return
+    _count_groups.append((counter, frozenset(resources) or None))
 
 
-def usage(project: Project) -> dict[str, int]:
-    """What the project uses now, per quota resource."""
+def usage(project: Project, resources=None) -> dict[str, int]:
+    """What the project uses now, per quota resource; with ``resources``, only those are
+    sure to be counted (a check counts what it is asked for, nothing more)."""
+    wanted = set(resources) if resources is not None else set(_counters)
     totals = {
-        name: sum(count(project) for count in counters) for name, counters in _counters.items()
+        name: sum(count(project) for count in counters) if name in wanted else 0
+        for name, counters in _counters.items()
     }
-    for counter in _count_groups:
+    for counter, counts in _count_groups:
+        if counts is not None and not counts & wanted:
+            continue
         for name, value in counter(project).items():
             if name not in totals:
                 raise ValueError(f"{counter.__qualname__} counts unknown quota resource {name!r}")
@@ -59,7 +67,7 @@ def check(project: Project, **requested: int) -> Quota:
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("quotas.check() must run inside the creating transaction")
     quota = Quota.objects.select_for_update().get(project=project)
-    in_use = usage(project)
+    in_use = usage(project, requested)
     for resource, amount in requested.items():
         limit = getattr(quota, resource)
         if in_use[resource] + amount > limit:

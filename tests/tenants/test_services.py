@@ -238,6 +238,21 @@ def test_grouped_counts_add_to_single_counters(project, counters):
         quotas.usage(project)
 
 
+def test_a_check_counts_only_the_resources_it_is_asked_for(project, counters):
+    asked = []
+    quotas.register_usage_counts(lambda p: asked.append("gpu") or {"gpus": 7}, ("gpus",))
+    quotas.register_usage_counts(
+        lambda p: asked.append("ips") or {"global_ips": 9}, ("global_ips",)
+    )
+    services.quota_set(project=project, gpus=8)
+    with transaction.atomic():
+        quotas.check(project, gpus=1)  # 7 in use + 1 fits
+    assert asked == ["gpu"]
+    with pytest.raises(QuotaExceeded), transaction.atomic():
+        quotas.check(project, gpus=2)
+    assert quotas.usage(project)["global_ips"] >= 9 and "ips" in asked  # a full count asks all
+
+
 def test_register_usage_refuses_an_unknown_resource(counters):
     with pytest.raises(ValueError, match="teapots"):
         quotas.register_usage("teapots", lambda p: 0)
