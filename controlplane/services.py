@@ -90,7 +90,7 @@ def operation_finish(
             updated = Operation.objects.filter(
                 pk=operation_id, state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED
             ).update(**fields)
-    operation = Operation.objects.filter(pk=operation_id).first()
+    operation = Operation.objects.select_related("project").filter(pk=operation_id).first()
     if updated and operation is not None:
         with audit.controller():
             audit.record(

@@ -238,8 +238,13 @@ def lock(vm: VirtualMachine) -> VirtualMachine:
     """Lock ``vm``'s row and re-read it, so the guard that follows judges the state as it is
     now: an internal transition committed meanwhile (provisioning → running) is seen, and
     one in flight is waited for, instead of failing the action with "changed meanwhile".
-    Call inside the action's transaction; the lock is held until it commits."""
-    vm.refresh_from_db(from_queryset=VirtualMachine.objects.select_for_update())
+    Call inside the action's transaction; the lock is held until it commits. Its project
+    and host are read with it (not locked), as every action needs them."""
+    vm.refresh_from_db(
+        from_queryset=VirtualMachine.objects.select_for_update(of=("self",)).select_related(
+            "project", "host"
+        )
+    )
     return vm
 
 

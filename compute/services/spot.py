@@ -491,9 +491,18 @@ def evictions_hand_over(host: Host) -> list[str]:
     for victim in victims:
         # A victim whose waiter was deleted meanwhile is its own hand-over.
         hand_overs.setdefault(victim.evicted_for_id or victim.pk, []).append(victim)
+    if not hand_overs:
+        return []
+    # A victim its project deleted during its notice holds its room until its guest is gone
+    # (``victim_gone`` then calls this again): its waiter's hand-over waits for it.
+    deleting = set(
+        VirtualMachine.objects.filter(
+            host_id=host.pk, state=VmState.DELETING, evicted_for__isnull=False
+        ).values_list("evicted_for_id", flat=True)
+    )
     evicted: list[str] = []
     for group in hand_overs.values():
-        if not all(shut_off(v) for v in group):
+        if not all(shut_off(v) for v in group) or group[0].evicted_for_id in deleting:
             continue
         waiter_id = group[0].evicted_for_id
         _evict(group, host)
@@ -501,6 +510,23 @@ def evictions_hand_over(host: Host) -> list[str]:
         if waiter_id is not None:
             _place_waiter(waiter_id, host.pk)
     return evicted
+
+
+def victim_gone(vm: VirtualMachine, host: Host) -> None:
+    """``vm``, a victim of a hand-over on ``host``, left it another way (its project
+    deleted it during its notice) and its room is released. When no other victim of the
+    same waiter is still being evicted, the waiter takes the room now, as the hand-over would
+    have; otherwise the others' hand-over runs (it waited for this one, and they may all be
+    off already). Called with the host's row locked (the lock order of
+    ``evictions_hand_over``)."""
+    waiter_id = vm.evicted_for_id
+    if waiter_id is None:
+        return
+    others = VirtualMachine.objects.filter(evicted_for_id=waiter_id, state=VmState.EVICTING)
+    if others.exclude(pk=vm.pk).exists():
+        evictions_hand_over(host)
+    else:
+        _place_waiter(waiter_id, host.pk)
 
 
 def _evict(victims: list[VirtualMachine], host: Host) -> None:

@@ -137,6 +137,45 @@ def test_the_deadline_is_honoured_then_the_hand_over_places_the_waiter(world, se
     assert sent_to_waiter[-1]["desired"] == "running" and len(sent_to_waiter[-1]["devices"]) == 8
 
 
+def test_victims_deleted_during_their_notice_hand_the_room_over_at_once(world, sent):
+    # Their jobs ended during the notice: their projects deleted them. The waiter takes the
+    # room when the last of them is gone, not at the next periodic pass.
+    vm = _on_demand(world, world["t8"])
+    first, second = VirtualMachine.objects.filter(state=VmState.EVICTING).order_by("pk")
+    services.vm_delete(vm=fresh(first))
+    report(fresh(first), "absent")
+    assert fresh(first).state == VmState.DELETED
+    vm = fresh(vm)  # the other victim still holds its GPUs: the waiter waits
+    assert vm.state == VmState.PENDING and vm.reserved_host_id == world["b"].pk
+    services.vm_delete(vm=fresh(second))
+    report(fresh(second), "absent")
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == world["b"].pk
+    assert Device.objects.filter(vm=vm).count() == 8 and vm.reserved_host_id is None
+    assert host_usage_drift() == [] and gpu_allocation_errors() == []
+    assert [m for q, t, m in sent if m["vm_id"] == str(vm.pk)][-1]["desired"] == "running"
+
+
+def test_the_hand_over_waits_for_a_victim_deleted_during_its_notice(world, sent):
+    # One victim's project deletes it during the notice; the other is stopped at the
+    # deadline and reported off first. The deleted one still holds its GPUs until its
+    # guest is gone: the waiter is placed then, not before (there would be no room).
+    vm = _on_demand(world, world["t8"])
+    deleted, stopped = VirtualMachine.objects.filter(state=VmState.EVICTING).order_by("pk")
+    services.vm_delete(vm=fresh(deleted))
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    _stop_reported(stopped)
+    assert fresh(stopped).state == VmState.EVICTING  # its hand-over waits for the other
+    vm = fresh(vm)
+    assert vm.state == VmState.PENDING and vm.reserved_host_id == world["b"].pk
+    report(fresh(deleted), "absent")
+    assert fresh(deleted).state == VmState.DELETED
+    assert fresh(stopped).state == VmState.EVICTED
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == world["b"].pk
+    assert host_usage_drift() == [] and gpu_allocation_errors() == []
+
+
 def test_the_free_part_of_a_handed_over_host_waits_for_the_waiter(world, sent):
     # Host B: one 4-GPU spot VM and 4 free GPUs. An 8-GPU request evicts that VM and counts
     # on the 4 free ones; a spot request meanwhile must not take them.
