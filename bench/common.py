@@ -13,15 +13,18 @@ def log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
-def recreate_database(name: str, *, drop_only: bool = False) -> None:
+def recreate_database(name: str, *, drop_only: bool = False, durable: bool = True) -> None:
     """Drop database ``name`` (closing its connections) and, unless ``drop_only``, make it
-    anew and empty."""
+    anew and empty. Not ``durable``: its commits do not wait for the disk (for a bench
+    whose figures are not about commits, on a database nothing outlives)."""
     import psycopg
 
     with psycopg.connect(f"{PG_URL}/postgres", autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         if not drop_only:
             conn.execute(f"CREATE DATABASE {name}")
+            if not durable:
+                conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
 
 
 def percentile_ms(seconds: list[float], pct: int) -> float:
@@ -35,10 +38,10 @@ def p99_ms(seconds: list[float]) -> float:
 
 
 @contextmanager
-def django_on_throwaway_database(name: str, **env: str):
-    """Django set up on a fresh PostgreSQL database ``name``, migrated, with a throwaway
-    ``KUMO_VAR_DIR`` and ``env`` as more settings; the database is dropped afterwards,
-    whatever happens."""
+def django_on_throwaway_database(name: str, *, durable: bool = True, **env: str):
+    """Django set up on a fresh PostgreSQL database ``name`` (see ``recreate_database`` for
+    ``durable``), migrated, with a throwaway ``KUMO_VAR_DIR`` and ``env`` as more settings;
+    the database is dropped afterwards, whatever happens."""
     with tempfile.TemporaryDirectory(prefix="kumo-bench-") as var_dir:
         os.environ.update(
             DJANGO_SETTINGS_MODULE="controlplane.settings",
@@ -48,7 +51,7 @@ def django_on_throwaway_database(name: str, **env: str):
             DEBUG="0",
             **env,
         )
-        recreate_database(name)
+        recreate_database(name, durable=durable)
         try:
             import django
             from django.core.management import call_command

@@ -1,5 +1,6 @@
 """Goodput of the GPU fleet under Kumo's policies: a generated month of demand replayed
-through Kumo's own services (``compute.replay``) on a throwaway PostgreSQL database.
+through Kumo's own services (``compute.replay``) on a throwaway PostgreSQL database (its
+commits do not wait for the disk: nothing in it outlives the replay).
 
 Generates the synthetic trace (``compute.replay.trace.generate``: the mdx-like fleet of 40
 hosts x 8 A100 plus 8 CPU hosts, job sizes and durations shaped after the Philly study,
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--trace", default="", help="replay this CSV instead of a generated one")
     parser.add_argument("--seed", type=int, default=16)
     args = parser.parse_args()
-    with django_on_throwaway_database(DB_NAME), tempfile.TemporaryDirectory() as tmp:
+    with django_on_throwaway_database(DB_NAME, durable=False), tempfile.TemporaryDirectory() as tmp:
         from compute.replay import trace as traces
         from compute.replay.sim import Replay
 

@@ -304,6 +304,23 @@ def place(vm: VirtualMachine) -> Placement:
     )
 
 
+def no_room(req: Request) -> str:
+    """Why no host has room for ``req`` in this process's view, after the fresh look
+    ``place`` would take too; "" when some host may. Decides only: nothing is reserved, no
+    VM is read. For a request with no placement group or lease, whose admission weighs
+    nothing (a spot VM's): ``place`` would refuse it for the same reason."""
+    reason = ""
+    for fresh in (False, True):
+        with view.lock:
+            try:
+                view.get(fresh=fresh).select(req)
+            except NoValidHost as e:
+                reason = e.reason
+            else:
+                return ""
+    return reason
+
+
 def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:
     from compute import guarantees
 

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 def throwaway_database():
     """Point Django's default connection at a new, migrated, empty database for the block,
     and drop it afterwards whatever happens: on PostgreSQL a new database on the same
-    server (``kumo_replay_<random>``), on SQLite a temporary file."""
+    server (``kumo_replay_<random>``, whose commits do not wait for the disk: nothing in it
+    outlives the replay), on SQLite a temporary file."""
     from django.core.management import call_command
     from django.db import connections
 
@@ -24,6 +25,8 @@ def throwaway_database():
     name = f"kumo_replay_{uuid.uuid4().hex[:10]}"
     if vendor == "postgresql":
         _admin(before, f"CREATE DATABASE {name}")
+        # Thrown away at the end: a commit need not wait for its WAL to reach the disk.
+        _admin(before, f"ALTER DATABASE {name} SET synchronous_commit = off")
         settings["NAME"] = name
     else:
         fd, tmp = tempfile.mkstemp(prefix="kumo-replay-", suffix=".sqlite3")

@@ -90,6 +90,8 @@ class Metrics:
     saturated_capacity: float = 0.0  # GPU-seconds
     saturated_work: float = 0.0  # GPU-seconds of tenant work
     saturated_lost: float = 0.0  # GPU-seconds of spot work lost to evictions then
+    saturated_held: float = 0.0  # GPU-seconds held idle then (boots, stops)
+    saturated_free: float = 0.0  # GPU-seconds free then (no waiting request fitted them)
     series: list = field(default_factory=list)  # (t, on-demand GPUs, spot GPUs)
 
 
@@ -128,7 +130,7 @@ class Replay:
         self.vms: dict[str, _Vm] = {}
         self.pending: dict[str, int] = {}  # vm id -> GPUs, while waiting for a claim
         self.pending_gpus = self.pending_spot_gpus = 0  # their sums
-        self.reaps: set = set()
+        self.reaps: set = set()  # (vm id, deadline) of the notices given
         self.m = Metrics()
         self.od_gpus = self.spot_gpus = self.held_gpus = 0
 
@@ -187,6 +189,8 @@ class Replay:
                 m.saturated += dt
                 m.saturated_capacity += m.gpus_total * dt
                 m.saturated_work += (od + spot) * dt
+                m.saturated_held += held * dt
+                m.saturated_free += free * dt
             m.t = t
         self.now_s = t
 
@@ -385,12 +389,13 @@ class Replay:
         from compute.choices import VmState, VmTask
         from compute.models import VirtualMachine
 
-        for pk, deadline in VirtualMachine.objects.filter(
+        for notice in VirtualMachine.objects.filter(
             state=VmState.EVICTING, task_state=VmTask.NONE
         ).values_list("pk", "eviction_deadline"):
-            if pk not in self.reaps:
-                self.reaps.add(pk)
-                self._at(max(self.now_s, (deadline - EPOCH).total_seconds()), "reap")
+            # A spot VM evicted, started again and noticed anew has a new deadline.
+            if notice not in self.reaps:
+                self.reaps.add(notice)
+                self._at(max(self.now_s, (notice[1] - EPOCH).total_seconds()), "reap")
 
     def _on_submit(self, job: Job) -> None:
         from compute import services as compute
@@ -576,6 +581,11 @@ class Replay:
             if m.saturated_capacity
             else None,
             "spot_waits_days": round(m.saturated / 86400, 3),
+            # Where the rest of that time's capacity went: held idle (boots, stops), free
+            # (no waiting request fitted: too few on one host or cell), spot work lost.
+            "spot_waits_held_idle_gpu_h": round(m.saturated_held / hours, 1),
+            "spot_waits_free_gpu_h": round(m.saturated_free / hours, 1),
+            "spot_waits_lost_gpu_h": round(m.saturated_lost / hours, 1),
             "spot_lost_gpu_h": round(lost, 1),
             "on_demand_wait_p50_s": pct(50),
             "on_demand_wait_p99_s": pct(99),

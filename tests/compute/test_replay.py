@@ -56,37 +56,53 @@ def test_a_bad_trace_line_names_the_line_and_field(tmp_path):
         traces.read_trace(path)
 
 
+def _replay(tmp_path, capsys, *jobs: str, more=()) -> dict:
+    """``manage.py replay`` of ``jobs`` (CSV lines) on one 8-GPU host; its figures."""
+    path = tmp_path / "trace.csv"
+    path.write_text("submit_s,duration_s,gpus,gpu_model,priority,project\n" + "\n".join(jobs))
+    call_command("replay", str(path), "--gpu-hosts", "1", "--cpu-hosts", "0", *more)
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
 def test_the_command_replays_on_a_throwaway_database(tmp_path, capsys):
     from compute.models import Host
 
-    path = tmp_path / "tiny.csv"
-    path.write_text(
-        "submit_s,duration_s,gpus,gpu_model,priority,project\n"
-        "0,3600,8,A100-SXM4-40GB,spot,lab-a\n"
-        "600,1800,8,A100-SXM4-40GB,on_demand,lab-b\n"
+    figures = _replay(
+        tmp_path,
+        capsys,
+        "0,3600,8,A100-SXM4-40GB,spot,lab-a",
+        "600,1800,8,A100-SXM4-40GB,on_demand,lab-b",
     )
-    call_command("replay", str(path), "--gpu-hosts", "1", "--cpu-hosts", "0")
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["jobs"] == 2 and figures["evictions"] == 1
     assert figures["evictions_full_notice"] == 1.0
     assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1  # the notice, then the stop
     assert not Host.objects.exists()  # it ran elsewhere
 
 
-def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_path, capsys):
-    path = tmp_path / "lease.csv"
-    path.write_text(
-        "submit_s,duration_s,gpus,gpu_model,priority,project\n"
-        "0,20000,8,A100-SXM4-40GB,spot,lab-a\n"
-        "7300,600,8,A100-SXM4-40GB,on_demand,lab-c\n"
+def test_a_spot_vm_evicted_twice_is_stopped_at_each_notices_end(tmp_path, capsys):
+    # The same spot VM is noticed, evicted, started again and noticed anew: the second
+    # on-demand request waits the notice and the stop too, not until the spot job ends.
+    figures = _replay(
+        tmp_path,
+        capsys,
+        "0,20000,8,A100-SXM4-40GB,spot,lab-a",
+        "600,600,8,A100-SXM4-40GB,on_demand,lab-b",
+        "3000,600,8,A100-SXM4-40GB,on_demand,lab-b",
     )
-    call_command(
-        "replay", str(path), "--gpu-hosts", "1", "--cpu-hosts", "0",
-        "--lease", "lab-c=8@7200-10800",
-    )  # fmt: skip
-    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["evictions"] == 2 and figures["evictions_full_notice"] == 1.0
+    assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1
+
+
+def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_path, capsys):
+    figures = _replay(
+        tmp_path,
+        capsys,
+        "0,20000,8,A100-SXM4-40GB,spot,lab-a",
+        "7300,600,8,A100-SXM4-40GB,on_demand,lab-c",
+        more=("--lease", "lab-c=8@7200-10800"),
+    )
     assert figures["evictions"] == 1 and figures["evictions_full_notice"] == 1.0
     assert figures["leases_honoured"] == 1.0
     assert figures["on_demand_wait_p99_s"] == 0.0  # its lease's GPUs were free at its submit
     with pytest.raises(CommandError, match="PROJECT=GPUS@START_S-END_S"):
-        call_command("replay", str(path), "--lease", "lab-c=eight")
+        call_command("replay", str(tmp_path / "trace.csv"), "--lease", "lab-c=eight")
