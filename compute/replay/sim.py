@@ -168,7 +168,13 @@ class Replay:
             else:
                 power, delay = "absent", self.stop_s
             self._at(
-                self.now_s + delay, "report", host, kwargs["vm_id"], kwargs["generation"], power
+                self.now_s + delay,
+                "report",
+                host,
+                kwargs["vm_id"],
+                kwargs["generation"],
+                power,
+                kwargs.get("operation_id", ""),
             )
 
     # -- accounting ----------------------------------------------------------------------------
@@ -436,14 +442,17 @@ class Replay:
         self._work_stopped(vm)
         compute.vm_delete(vm=VirtualMachine.objects.select_related("project", "host").get(pk=vm_id))
 
-    def _on_report(self, host: str, vm_id: str, generation: int, power: str) -> None:
+    def _on_report(
+        self, host: str, vm_id: str, generation: int, power: str, operation_id: str
+    ) -> None:
         from compute import services as compute
         from compute.choices import VmState
 
+        # As a host agent answers (``compute.host_tasks``): the operation the work was sent
+        # for is finished by its report, not left open until the VM is deleted.
+        payload = {"vm_id": vm_id, "generation": generation, "power": power, "ok": True}
         vm = compute.vm_observed(
-            host=host,
-            payload={"vm_id": vm_id, "generation": generation, "power": power, "ok": True},
-            sent_at=self.now(),
+            host=host, payload={**payload, "operation_id": operation_id}, sent_at=self.now()
         )
         record = self.vms.get(vm_id)
         if record is None:

@@ -40,6 +40,23 @@ def test_a_day_replays_with_figures_that_add_up(tmp_path):
     from compute.models import Lease
 
     assert Lease.objects.get().state == "ended"
+    # The simulated agents answer as real ones do: the operation a host's work was sent for
+    # is finished by the host's report. Each VM's create succeeded when it first ran (not
+    # left open and superseded by its delete); each delete succeeded when its guest was gone.
+    from compute.models import VirtualMachine
+    from controlplane.models import Operation
+
+    ran = {
+        str(pk)
+        for pk in VirtualMachine.objects.filter(state="deleted").values_list("pk", flat=True)
+    }
+    assert ran
+    ops = Operation.objects.filter(target_id__in=ran, kind__in=["vm.create", "vm.delete"])
+    assert {(o.kind, o.state, o.error_code) for o in ops} == {
+        ("vm.create", "succeeded", ""),
+        ("vm.delete", "succeeded", ""),
+    }
+    assert ops.count() == 2 * len(ran)
     assert 0 < figures["goodput"] <= 1
     plot = tmp_path / "alloc.png"
     replay.plot(str(plot))
