@@ -244,8 +244,6 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
     from django.db import connections, transaction
 
     from compute import placement
-    from compute.choices import VmState
-    from compute.models import VirtualMachine
     from compute.scheduler import NoValidHost
 
     counter = _Counter()
@@ -271,11 +269,7 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
         for pk in vm_ids:
             t0 = time.perf_counter()
             with transaction.atomic():
-                vm = (
-                    VirtualMachine.objects.select_for_update()
-                    .filter(pk=pk, state=VmState.PENDING)
-                    .first()
-                )
+                vm = placement.pending_locked(pk, skip_locked=True)  # as vm_schedule_pending
                 if vm is None:
                     skipped += 1
                     continue

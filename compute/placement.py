@@ -28,8 +28,9 @@ from collections import Counter
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.query import get_related_populators
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
@@ -43,6 +44,7 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
+from controlplane import prepared
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +168,84 @@ class _CachedView:
 
 
 view = _CachedView()
+
+
+# --- the VM to place ----------------------------------------------------------------------------
+
+
+def _pending(pk, *, skip_locked: bool):
+    return (
+        VirtualMachine.objects.select_for_update(skip_locked=skip_locked, of=("self",))
+        .select_related("project", "image", "placement_group")
+        .filter(pk=pk, state=VmState.PENDING, reserved_host__isnull=True)
+        .order_by()
+    )
+
+
+def pending_locked(pk, *, skip_locked: bool = False) -> VirtualMachine | None:
+    """The pending VM ``pk`` that waits for no evictions, with its project, image and
+    placement group, its own row locked for update until the caller's transaction ends;
+    None when it is no longer such a VM (or, with ``skip_locked``, while another
+    transaction holds it). What a scheduler reads before it places a VM.
+
+    On PostgreSQL the ORM's SQL for it is compiled once per thread (``_CompiledLock``) and
+    runs as a prepared statement of the connection (``controlplane.prepared``): compiling
+    the query and planning it again for every VM would cost more than the claim that
+    follows. The VM and its related objects are built from the row exactly as the ORM
+    builds them (its converters, ``from_db``, its related-object populators). Elsewhere it
+    is the ORM's query itself."""
+    if connection.vendor != "postgresql":
+        return _pending(pk, skip_locked=skip_locked).first()
+    compiled = getattr(_compiled_locks, "by_skip_locked", None)
+    if compiled is None:
+        compiled = _compiled_locks.by_skip_locked = {}
+    if skip_locked not in compiled:
+        compiled[skip_locked] = _CompiledLock(skip_locked)
+    return compiled[skip_locked].get(pk)
+
+
+class _CompiledLock:
+    """``_pending``'s SQL and how the ORM turns its row into objects, kept from one
+    compilation on this thread's connection: each call binds its VM's key and runs it."""
+
+    _STAND_IN = UUID(int=0)
+
+    def __init__(self, skip_locked: bool) -> None:
+        queryset = _pending(self._STAND_IN, skip_locked=skip_locked)
+        compiler = queryset.query.get_compiler(using=queryset.db)
+        sql, params = compiler.as_sql()  # raises outside a transaction, as the ORM does
+        key = VirtualMachine._meta.pk
+        stand_in = key.get_db_prep_value(self._STAND_IN, connection)
+        places = [i for i, value in enumerate(params) if value == stand_in]
+        if len(places) != 1:
+            raise AssertionError(f"the pending VM query binds its key {len(places)} times")
+        self.sql, self.params, self.place, self.key = sql, list(params), places[0], key
+        self.compiler, self.db = compiler, queryset.db
+        klass_info, select = compiler.klass_info, compiler.select
+        fields = klass_info["select_fields"]
+        self.start, self.end = fields[0], fields[-1] + 1
+        self.init_list = [column[0].target.attname for column in select[self.start : self.end]]
+        self.populators = get_related_populators(klass_info, select, self.db)
+        self.converters = compiler.get_converters([s[0] for s in select[: compiler.col_count]])
+
+    def get(self, pk) -> VirtualMachine | None:
+        params = list(self.params)
+        params[self.place] = self.key.get_db_prep_value(pk, connection)
+        with prepared.cursor(connection) as cursor:
+            cursor.execute(self.sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return None
+        if self.converters:
+            rows = self.compiler.apply_converters(rows, self.converters)
+        row = next(iter(rows))
+        vm = VirtualMachine.from_db(self.db, self.init_list, row[self.start : self.end])
+        for populator in self.populators:
+            populator.populate(row, vm)
+        return vm
+
+
+_compiled_locks = threading.local()  # by_skip_locked: {skip_locked: _CompiledLock}, per thread
 
 
 # --- requests -----------------------------------------------------------------------------------
