@@ -34,7 +34,13 @@ from django.db.models.query import get_related_populators
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
-from compute.claims import AdmissionToWeigh, ClaimConflict, claim_write, devices_give
+from compute.claims import (
+    AdmissionToWeigh,
+    ClaimConflict,
+    claim_write,
+    devices_give,
+    execute_prepared,
+)
 from compute.models import Device, Host, PlacementGroup, VirtualMachine
 from compute.scheduler import (
     GROUP_FILTERS,
@@ -44,7 +50,6 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
-from controlplane import prepared
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +194,11 @@ def pending_locked(pk, *, skip_locked: bool = False) -> VirtualMachine | None:
     transaction holds it). What a scheduler reads before it places a VM.
 
     On PostgreSQL the ORM's SQL for it is compiled once per thread (``_CompiledLock``) and
-    runs as a prepared statement of the connection (``controlplane.prepared``): compiling
-    the query and planning it again for every VM would cost more than the claim that
-    follows. The VM and its related objects are built from the row exactly as the ORM
-    builds them (its converters, ``from_db``, its related-object populators). Elsewhere it
-    is the ORM's query itself."""
+    runs as a prepared statement of the connection, in a savepoint, the way the claim runs
+    (``compute.claims.execute_prepared``): compiling the query and planning it again for
+    every VM would cost more than the claim that follows. The VM and its related objects
+    are built from the row exactly as the ORM builds them (its converters, ``from_db``, its
+    related-object populators). Elsewhere it is the ORM's query itself."""
     if connection.vendor != "postgresql":
         return _pending(pk, skip_locked=skip_locked).first()
     compiled = getattr(_compiled_locks, "by_skip_locked", None)
@@ -217,9 +222,12 @@ class _CompiledLock:
         key = VirtualMachine._meta.pk
         stand_in = key.get_db_prep_value(self._STAND_IN, connection)
         places = [i for i, value in enumerate(params) if value == stand_in]
-        if len(places) != 1:
-            raise AssertionError(f"the pending VM query binds its key {len(places)} times")
-        self.sql, self.params, self.place, self.key = sql, list(params), places[0], key
+        if len(places) != 1 or "%%" in sql or sql.count("%s") != len(params):
+            raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
+        parts = sql.split("%s")
+        self.sql = parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
+        self.params = {f"p{i}": value for i, value in enumerate(params)}
+        self.place, self.key = f"p{places[0]}", key
         self.compiler, self.db = compiler, queryset.db
         klass_info, select = compiler.klass_info, compiler.select
         fields = klass_info["select_fields"]
@@ -229,10 +237,9 @@ class _CompiledLock:
         self.converters = compiler.get_converters([s[0] for s in select[: compiler.col_count]])
 
     def get(self, pk) -> VirtualMachine | None:
-        params = list(self.params)
-        params[self.place] = self.key.get_db_prep_value(pk, connection)
-        with prepared.cursor(connection) as cursor:
-            cursor.execute(self.sql, params)
+        params = self.params | {self.place: self.key.get_db_prep_value(pk, connection)}
+        with connection.cursor() as cursor:
+            execute_prepared(cursor, self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
             rows = cursor.fetchall()
         if not rows:
             return None

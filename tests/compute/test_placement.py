@@ -103,17 +103,32 @@ def test_it_locks_the_vm_row_alone_and_skips_a_row_locked_elsewhere():
             assert placement.pending_locked(vm.pk, skip_locked=True).pk == vm.pk
 
 
-def test_it_runs_prepared_on_postgresql_and_again_on_a_fresh_connection():
+def _locks_prepared() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'kumo_lock_%%'")
+        return cursor.fetchone()[0]
+
+
+def test_it_runs_prepared_and_again_wherever_the_connection_lost_it():
     project = _project("solo")
-    vm = make_vm(project, make_template(gpus=1))
+    template = make_template(gpus=1)
+    first, second = make_vm(project, template), make_vm(project, template)
     for _ in range(2):
         for _ in range(2):
             with transaction.atomic():
-                assert placement.pending_locked(vm.pk).pk == vm.pk
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_prepared_statements"
-                " WHERE statement LIKE '%%compute_virtualmachine%%FOR UPDATE%%'"
-            )
-            assert cursor.fetchone()[0] == 1
+                assert placement.pending_locked(first.pk).pk == first.pk
+        assert _locks_prepared() == 1
         connection.close()  # a fresh connection prepares it again
+    # Lost in the middle of a transaction: the transaction goes on, with both rows locked.
+    with second_connection() as other, transaction.atomic():
+        assert placement.pending_locked(first.pk).pk == first.pk
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")
+        assert placement.pending_locked(second.pk).pk == second.pk
+        assert _locks_prepared() == 1
+        for vm in (first, second):
+            with pytest.raises(Exception, match="could not obtain lock"):
+                other.execute(
+                    "SELECT id FROM compute_virtualmachine WHERE id = %s FOR UPDATE NOWAIT",
+                    [vm.pk],
+                )
