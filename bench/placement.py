@@ -12,7 +12,8 @@ fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2
 2. claims: WORKERS processes, each with its own connection and its own cached view (warm
    before the clock starts; reloads when it outlives KUMO_SCHEDULER_VIEW_TTL_S count), place
    CLAIMS distinct VMs as ``compute.services.vm_schedule_pending`` does: per VM, one
-   transaction that locks the pending VM row and calls ``compute.placement.place`` (decide
+   transaction that locks the pending VM row with its project, image and placement group
+   (``compute.placement.pending_locked``) and calls ``compute.placement.place`` (decide
    on the process's possibly stale view, then claim with conditional UPDATEs, retrying lost
    races). The workers' views do not see each other's claims, so races are real;
 3. plain SQL, the reference: WORKERS processes with bare psycopg connections make the same

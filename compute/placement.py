@@ -13,7 +13,8 @@ re-checks everything in the caller's transaction:
    row and the second sees the first.
 
 A claim that loses a race writes nothing; the view refreshes that host and decides again;
-nothing is ever allocated twice, whatever the view said.
+nothing is ever allocated twice, whatever the view said. The VM itself is read under its
+row lock by ``pending_locked``, before the decision.
 
 An RDMA port bound to a host takes one of its virtual functions through ``rdma_vf_claim``
 (network asks; the device rows are compute's to write), by the same conditional UPDATE.
