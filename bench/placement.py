@@ -12,7 +12,8 @@ fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2
 2. claims: WORKERS processes, each with its own connection and its own cached view (warm
    before the clock starts; reloads when it outlives KUMO_SCHEDULER_VIEW_TTL_S count), place
    CLAIMS distinct VMs as ``compute.services.vm_schedule_pending`` does: per VM, one
-   transaction that locks the pending VM row and calls ``compute.placement.place`` (decide
+   transaction that locks the pending VM row with its project, image and placement group
+   (``compute.placement.pending_locked``) and calls ``compute.placement.place`` (decide
    on the process's possibly stale view, then claim with conditional UPDATEs, retrying lost
    races). The workers' views do not see each other's claims, so races are real;
 3. plain SQL, the reference: WORKERS processes with bare psycopg connections make the same
@@ -244,8 +245,6 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
     from django.db import connections, transaction
 
     from compute import placement
-    from compute.choices import VmState
-    from compute.models import VirtualMachine
     from compute.scheduler import NoValidHost
 
     counter = _Counter()
@@ -271,11 +270,7 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
         for pk in vm_ids:
             t0 = time.perf_counter()
             with transaction.atomic():
-                vm = (
-                    VirtualMachine.objects.select_for_update()
-                    .filter(pk=pk, state=VmState.PENDING)
-                    .first()
-                )
+                vm = placement.pending_locked(pk, skip_locked=True)  # as vm_schedule_pending
                 if vm is None:
                     skipped += 1
                     continue

@@ -195,7 +195,7 @@ _ALREADY_PREPARED = "42P05"  # duplicate_prepared_statement
 
 
 @lru_cache(maxsize=64)
-def _prepared_form(sql: str) -> tuple[str, str, str]:
+def _prepared_form(sql: str, prefix: str = "kumo_claim_") -> tuple[str, str, str]:
     """``sql`` (with ``%(name)s`` parameters) as a prepared statement: its name (from its
     text, so each shape of claim has its own), the ``PREPARE`` (parameters numbered in order
     of first use, their types inferred from where they are used) and the ``EXECUTE`` taking
@@ -208,7 +208,7 @@ def _prepared_form(sql: str) -> tuple[str, str, str]:
         return f"${names.index(match[1]) + 1}"
 
     body = _PARAMETER.sub(number, sql)
-    name = "kumo_claim_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    name = prefix + hashlib.sha1(body.encode()).hexdigest()[:16]
     arguments = ", ".join(f"%({n})s" for n in names)
     return name, f"PREPARE {name} AS {body}", f"EXECUTE {name}({arguments})"
 
@@ -258,6 +258,44 @@ def _execute_claim(cursor, sql: str, params: dict) -> None:
             if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
                 raise
             cursor.execute("ROLLBACK TO SAVEPOINT kumo_claim")
+            if state == _NOT_PREPARED:
+                known.discard(name)
+            else:
+                known.add(name)
+            continue
+        known.add(name)
+        return
+
+
+def execute_prepared(cursor, sql: str, params: dict, *, savepoint: str, prefix: str) -> None:
+    """``SAVEPOINT savepoint`` then ``sql`` (with ``%(name)s`` parameters) as a prepared
+    statement of this connection named from ``prefix`` and its text, in one round trip,
+    leaving the cursor on its answer: prepared with its first run on the connection (in the
+    same round trip), then only executed. The savepoint is left to the caller's commit.
+
+    This is the claim's way (``_execute_claim``), not psycopg's statement cache: psycopg
+    forgets every statement it prepared (``DEALLOCATE ALL``) whenever a statement it runs
+    answers ``ROLLBACK``, which a claim that lost a race does when it rolls back to its
+    savepoint; statements prepared here are unknown to psycopg and stay. One the connection
+    lost anyway (a ``DEALLOCATE ALL`` or ``DISCARD ALL`` from elsewhere) is noticed by its
+    error, after which it rolls back to the savepoint and sends it again prepared, which is
+    why a savepoint is taken: the caller's transaction goes on."""
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+        _execute(cursor, f"SAVEPOINT {savepoint}", sql, params=params)
+        return
+    name, prepare, execute = _prepared_form(sql, prefix)
+    known = _prepared.setdefault(connection.connection, set())
+    for attempt in range(2):
+        statements = [f"SAVEPOINT {savepoint}", execute]
+        if name not in known:
+            statements.insert(1, prepare)
+        try:
+            _execute(cursor, *statements, params=params)
+        except DatabaseError as e:
+            state = getattr(e.__cause__, "sqlstate", None)
+            if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
+                raise
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
             if state == _NOT_PREPARED:
                 known.discard(name)
             else:

@@ -13,7 +13,8 @@ re-checks everything in the caller's transaction:
    row and the second sees the first.
 
 A claim that loses a race writes nothing; the view refreshes that host and decides again;
-nothing is ever allocated twice, whatever the view said.
+nothing is ever allocated twice, whatever the view said. The VM itself is read under its
+row lock by ``pending_locked``, before the decision.
 
 An RDMA port bound to a host takes one of its virtual functions through ``rdma_vf_claim``
 (network asks; the device rows are compute's to write), by the same conditional UPDATE.
@@ -28,12 +29,19 @@ from collections import Counter
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
+from django.db.models.query import get_related_populators
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
-from compute.claims import AdmissionToWeigh, ClaimConflict, claim_write, devices_give
+from compute.claims import (
+    AdmissionToWeigh,
+    ClaimConflict,
+    claim_write,
+    devices_give,
+    execute_prepared,
+)
 from compute.models import Device, Host, PlacementGroup, VirtualMachine
 from compute.scheduler import (
     GROUP_FILTERS,
@@ -166,6 +174,86 @@ class _CachedView:
 
 
 view = _CachedView()
+
+
+# --- the VM to place ----------------------------------------------------------------------------
+
+
+def _pending(pk, *, skip_locked: bool):
+    return (
+        VirtualMachine.objects.select_for_update(skip_locked=skip_locked, of=("self",))
+        .select_related("project", "image", "placement_group")
+        .filter(pk=pk, state=VmState.PENDING, reserved_host__isnull=True)
+        .order_by()
+    )
+
+
+def pending_locked(pk, *, skip_locked: bool = False) -> VirtualMachine | None:
+    """The pending VM ``pk`` that waits for no evictions, with its project, image and
+    placement group, its own row locked for update until the caller's transaction ends;
+    None when it is no longer such a VM (or, with ``skip_locked``, while another
+    transaction holds it). What a scheduler reads before it places a VM.
+
+    On PostgreSQL the ORM's SQL for it is compiled once per thread (``_CompiledLock``) and
+    runs as a prepared statement of the connection, in a savepoint, the way the claim runs
+    (``compute.claims.execute_prepared``): compiling the query and planning it again for
+    every VM would cost more than the claim that follows. The VM and its related objects
+    are built from the row exactly as the ORM builds them (its converters, ``from_db``, its
+    related-object populators). Elsewhere it is the ORM's query itself."""
+    if connection.vendor != "postgresql":
+        return _pending(pk, skip_locked=skip_locked).first()
+    compiled = getattr(_compiled_locks, "by_skip_locked", None)
+    if compiled is None:
+        compiled = _compiled_locks.by_skip_locked = {}
+    if skip_locked not in compiled:
+        compiled[skip_locked] = _CompiledLock(skip_locked)
+    return compiled[skip_locked].get(pk)
+
+
+class _CompiledLock:
+    """``_pending``'s SQL and how the ORM turns its row into objects, kept from one
+    compilation on this thread's connection: each call binds its VM's key and runs it."""
+
+    _STAND_IN = UUID(int=0)
+
+    def __init__(self, skip_locked: bool) -> None:
+        queryset = _pending(self._STAND_IN, skip_locked=skip_locked)
+        compiler = queryset.query.get_compiler(using=queryset.db)
+        sql, params = compiler.as_sql()  # raises outside a transaction, as the ORM does
+        key = VirtualMachine._meta.pk
+        stand_in = key.get_db_prep_value(self._STAND_IN, connection)
+        places = [i for i, value in enumerate(params) if value == stand_in]
+        if len(places) != 1 or "%%" in sql or sql.count("%s") != len(params):
+            raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
+        parts = sql.split("%s")
+        self.sql = parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
+        self.params = {f"p{i}": value for i, value in enumerate(params)}
+        self.place, self.key = f"p{places[0]}", key
+        self.compiler, self.db = compiler, queryset.db
+        klass_info, select = compiler.klass_info, compiler.select
+        fields = klass_info["select_fields"]
+        self.start, self.end = fields[0], fields[-1] + 1
+        self.init_list = [column[0].target.attname for column in select[self.start : self.end]]
+        self.populators = get_related_populators(klass_info, select, self.db)
+        self.converters = compiler.get_converters([s[0] for s in select[: compiler.col_count]])
+
+    def get(self, pk) -> VirtualMachine | None:
+        params = self.params | {self.place: self.key.get_db_prep_value(pk, connection)}
+        with connection.cursor() as cursor:
+            execute_prepared(cursor, self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
+            rows = cursor.fetchall()
+        if not rows:
+            return None
+        if self.converters:
+            rows = self.compiler.apply_converters(rows, self.converters)
+        row = next(iter(rows))
+        vm = VirtualMachine.from_db(self.db, self.init_list, row[self.start : self.end])
+        for populator in self.populators:
+            populator.populate(row, vm)
+        return vm
+
+
+_compiled_locks = threading.local()  # by_skip_locked: {skip_locked: _CompiledLock}, per thread
 
 
 # --- requests -----------------------------------------------------------------------------------

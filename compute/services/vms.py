@@ -201,12 +201,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             no_room[shape][1].append(pk)
             continue
         with transaction.atomic():
-            vm = (
-                VirtualMachine.objects.select_for_update(skip_locked=True, of=("self",))
-                .select_related("project", "image", "placement_group")
-                .filter(pk=pk, state=VmState.PENDING, reserved_host__isnull=True)
-                .first()
-            )
+            vm = placement.pending_locked(pk, skip_locked=True)
             if vm is None:
                 continue  # placed, deleted, or now waiting for evictions meanwhile
             try:
