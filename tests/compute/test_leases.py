@@ -25,9 +25,16 @@ from tests.factories import make_host, make_template, make_vm
 LEAD = timedelta(seconds=settings.LEASE_LEAD_S)
 
 
+_now: list = []  # the test's "now", read once: hour(1) and hour(3) are exactly 2 h apart
+
+
+@pytest.fixture(autouse=True)
+def _one_now():
+    _now[:] = [timezone.now().replace(microsecond=0)]
+
+
 def hour(n: float):
-    now = timezone.now().replace(microsecond=0)
-    return now + timedelta(hours=n)
+    return _now[0] + timedelta(hours=n)
 
 
 def reserve(project, gpus, start, end, **more):

@@ -7,7 +7,7 @@ from django.urls import reverse
 from compute.choices import LeaseState
 from compute.models import Lease
 from controlplane.models import AuditEvent
-from tests.portal.test_leases import at, reserve
+from tests.portal.test_leases import _one_now, at, reserve  # noqa: F401 (_one_now: autouse)
 
 pytestmark = pytest.mark.django_db
 

@@ -33,8 +33,16 @@ def errors_of(response, field):
     return found.group(1) if found else ""
 
 
+_now: list = []  # the test's "now", read once: at(1) and at(3) are exactly 2 h apart
+
+
+@pytest.fixture(autouse=True)
+def _one_now():
+    _now[:] = [timezone.now().replace(second=0, microsecond=0)]
+
+
 def at(hours: float):
-    return (timezone.now() + timedelta(hours=hours)).replace(second=0, microsecond=0)
+    return _now[0] + timedelta(hours=hours)
 
 
 def local(moment) -> str:
