@@ -343,6 +343,23 @@ def test_a_page_lists_its_rows_as_djangos_page():
             assert list(ours.page(number)) == list(DjangoPaginator(objects, 2).page(number))
 
 
+def test_a_lists_queryset_is_its_projects_once_read(project, other_project):
+    """A list's queryset defers building its project filter until it is read (a compiled
+    page never reads it); read, it is the scoped queryset's, query and rows."""
+    from types import SimpleNamespace
+
+    from controlplane.api.views import ProjectAuditEventViewSet
+
+    _events(project, 2)
+    _events(other_project, 3)
+    for action in ("list", "retrieve"):
+        view = ProjectAuditEventViewSet(action=action)
+        view.membership = SimpleNamespace(project=project)
+        queryset, scoped = view.get_queryset(), AuditEvent.objects.for_project(project)
+        assert str(queryset.order_by("id").query) == str(scoped.order_by("id").query)
+        assert set(queryset) == set(scoped) and {e.project_id for e in queryset} == {project.pk}
+
+
 @pytest.mark.postgres
 def test_a_prepared_statement_is_kept_and_logged_with_its_values(project):
     """``controlplane.prepared``: the statement stays prepared on the connection, answers as
