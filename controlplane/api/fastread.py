@@ -19,7 +19,10 @@ On PostgreSQL a plain list or detail of a project's objects does not even build 
 per request: its SQL is compiled once per view class (``CompiledRead``), with the project's
 id, and a detail's key, as bound parameters whose places are found by compiling the query
 twice with two different stand-in values. Each request only binds its own project's id (read
-through the caller's membership, as the scoped queryset reads it) and runs that SQL.
+through the caller's membership, as the scoped queryset reads it) and runs that SQL. Its
+answers are made straight from the row tuples it fetches (``CompiledRead.answers``): each
+column converted as the ORM converts it, then each field as the plan converts it, with no row
+dict in between.
 """
 
 from __future__ import annotations
