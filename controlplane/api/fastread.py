@@ -19,19 +19,25 @@ On PostgreSQL a plain list or detail of a project's objects does not even build 
 per request: its SQL is compiled once per view class (``CompiledRead``), with the project's
 id, and a detail's key, as bound parameters whose places are found by compiling the query
 twice with two different stand-in values. Each request only binds its own project's id (read
-through the caller's membership, as the scoped queryset reads it) and runs that SQL.
+through the caller's membership, as the scoped queryset reads it) and runs that SQL. Its
+answers are made straight from the row tuples it fetches (``CompiledRead.answers``): each
+column converted as the ORM converts it, then each field as the plan converts it, with no row
+dict in between.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import EmptyResultSet, FieldDoesNotExist
 from django.db import connections, models
+from django.db.models.fields.json import KeyTransform
 from django.db.models.query import MAX_GET_RESULTS, ValuesIterable
 from django.http import Http404
 from django.utils import timezone
@@ -76,6 +82,27 @@ class ReadPlan:
         parsed = {path for _, path, convert in self.fields if convert is not _DATETIME}
         iso = {key: _IsoUTC(path) for path, key in self.iso_keys.items()}
         return queryset.values(*(path for path in self.paths if path in parsed), **iso)
+
+    def shape(self, names: tuple[str, ...]) -> tuple[tuple[str, ...], Callable, tuple]:
+        """How ``render_many`` makes answers from rows of the columns ``names`` (as ``select``
+        reads them), for rows as tuples in that order: the answer's field names, a function
+        that picks their columns from a row, in that order, and (index, converter) of the
+        fields whose value, when it is not None, is converted."""
+        iso = bool(self.iso_keys) and next(iter(self.iso_keys.values())) in names
+        tz = None if iso or not self.iso_keys else timezone.get_current_timezone()
+        positions, converts = [], []
+        for index, (_, path, convert) in enumerate(self.fields):
+            if convert is _DATETIME:
+                path, convert = (self.iso_keys[path], None) if iso else (path, _iso_datetime(tz))
+            positions.append(names.index(path))
+            if convert is not None:
+                converts.append((index, convert))
+        if len(positions) == 1:
+            (position,) = positions
+            pick = lambda row: (row[position],)  # noqa: E731 (itemgetter of one: no tuple)
+        else:
+            pick = itemgetter(*positions) if positions else (lambda row: ())
+        return tuple(name for name, _, _ in self.fields), pick, tuple(converts)
 
     def render(self, row: dict) -> dict:
         return self.render_many((row,))[0]
@@ -292,23 +319,95 @@ class CompiledRead:
         self.places, self.names, self.converters, self.ordered = places, names, converters, ordered
 
     def rows(self, values: tuple, suffix: str = "") -> list[dict]:
+        fetched, connection = self._fetch(values, suffix)
+        names, steps = self.names, self._steps(connection)
+        answer = []
+        for row in fetched:
+            if steps:
+                row = list(row)
+                for position, convert in steps:
+                    row[position] = convert(row[position])
+            answer.append(dict(zip(names, row, strict=True)))
+        return answer
+
+    def answers(self, plan: ReadPlan, values: tuple, suffix: str = "") -> tuple[list, dict | None]:
+        """The answers ``plan.render_many(self.rows(values, suffix))`` gives, made from the
+        rows as they are fetched: each column converted as the ORM converts it, then each
+        field as the plan converts it, with no row dict in between. Also the first row as
+        ``rows`` gives it (None when there is none), for a column no field shows (a count)."""
+        fetched, connection = self._fetch(values, suffix)
+        steps = self._steps(connection)
+        fields, pick, converts = plan.shape(self.names)
+        answers, first = [], None
+        for row in fetched:
+            if steps:
+                row = list(row)
+                for position, convert in steps:
+                    row[position] = convert(row[position])
+            if first is None:
+                first = dict(zip(self.names, row, strict=True))
+            picked = pick(row)
+            if converts:
+                picked = list(picked)
+                for index, convert in converts:
+                    if (value := picked[index]) is not None:
+                        picked[index] = convert(value)
+            answers.append(dict(zip(fields, picked, strict=True)))
+        return answers, first
+
+    def _fetch(self, values: tuple, suffix: str) -> tuple[list[tuple], Any]:
         params = list(self.params)
         for index, which in self.places:
             params[index] = values[which]
         connection = connections[self.alias]
-        fetched = prepared.fetch(connection, self.sql + suffix, params)
-        names, converters = self.names, self.converters
-        answer = []
-        for row in fetched:
-            if converters:
-                row = list(row)
-                for position, (functions, expression) in converters:
-                    value = row[position]
-                    for convert in functions:
-                        value = convert(value, expression, connection)
-                    row[position] = value
-            answer.append(dict(zip(names, row, strict=True)))
-        return answer
+        return prepared.fetch(connection, self.sql + suffix, params), connection
+
+    def _steps(self, connection) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+        """(column, function of its value) for each column the ORM's compiler converts."""
+        return tuple(
+            (position, _column_converter(functions, expression, connection))
+            for position, (functions, expression) in self.converters
+        )
+
+
+#: the scanner of the decoder ``json.loads`` uses (no hooks, strict), without its wrappers
+_scan_json = json.JSONDecoder().scan_once
+
+
+def _column_converter(functions, expression, connection) -> Callable[[Any], Any]:
+    """The ORM's converters of one column as one function of its value. A ``JSONField``
+    without its own decoder is read by the scanner ``json.loads`` runs, when that scanner
+    alone reads the whole text (no surrounding space, valid JSON): what Django's
+    ``from_db_value`` answers, without its layers; any other text goes to Django's."""
+    if len(functions) == 1:
+        (convert,) = functions
+        owner = getattr(convert, "__self__", None)
+        if (
+            getattr(convert, "__func__", None) is models.JSONField.from_db_value
+            and owner.decoder is None
+            and not isinstance(expression, KeyTransform)
+        ):
+
+            def json_value(value):
+                if type(value) is str:
+                    try:
+                        decoded, end = _scan_json(value, 0)
+                    except (StopIteration, ValueError):
+                        pass
+                    else:
+                        if end == len(value):
+                            return decoded
+                return convert(value, expression, connection)
+
+            return json_value
+        return lambda value: convert(value, expression, connection)
+
+    def chained(value):
+        for convert in functions:
+            value = convert(value, expression, connection)
+        return value
+
+    return chained
 
 
 def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledRead | None:
@@ -364,21 +463,29 @@ def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledR
 
 class CompiledList:
     """A list's page read through its compiled SQL (``CountingPaginator`` reads it with
-    ``read_page``); ``queryset()`` is the queryset that SQL stands for, for Django's paginator
-    when a page is past what the SQL can ask for."""
+    ``read_page``), answered by the plan straight from the fetched rows; ``queryset()`` is
+    the queryset that SQL stands for, for Django's paginator when a page is past what the SQL
+    can ask for (``answered`` then stays False: those rows are still to be rendered)."""
 
-    __slots__ = ("compiled", "queryset", "values")
+    __slots__ = ("answered", "compiled", "plan", "queryset", "values")
 
-    def __init__(self, compiled: CompiledRead, values: tuple, queryset: Callable) -> None:
-        self.compiled, self.values, self.queryset = compiled, values, queryset
+    def __init__(self, compiled: CompiledRead, values: tuple, *, plan, queryset) -> None:
+        self.compiled, self.values, self.plan, self.queryset = compiled, values, plan, queryset
+        self.answered = False
 
     @property
     def ordered(self) -> bool:
         return self.compiled.ordered
 
-    def read_page(self, bottom: int, size: int) -> list[dict]:
+    def read_page(self, bottom: int, size: int) -> tuple[list[dict], int]:
+        """The page's answers and the count of the whole list (0 when the page is empty)."""
+        from controlplane.api.pagination import TOTAL
+
         ops = connections[self.compiled.alias].ops
-        return self.compiled.rows(self.values, " " + ops.limit_offset_sql(bottom, bottom + size))
+        suffix = " " + ops.limit_offset_sql(bottom, bottom + size)
+        answers, first = self.compiled.answers(self.plan, self.values, suffix)
+        self.answered = True
+        return answers, 0 if first is None else first[TOTAL]
 
 
 #: per (view class, serializer class, action, database, date-times in SQL): its compiled read
@@ -435,11 +542,12 @@ class ReadPathMixin:
             compiled = self._compiled(plan, "list", lambda b, n: _compile_list(self, plan, b, n))
         if compiled is None:
             page = super().paginate_queryset(plan.select(queryset))
-        else:
-            page = super().paginate_queryset(
-                CompiledList(*compiled, queryset=lambda: plan.select(queryset))
-            )
-        return None if page is None else _Rows(plan.render_many(page))
+            return None if page is None else _Rows(plan.render_many(page))
+        listed = CompiledList(*compiled, plan=plan, queryset=lambda: plan.select(queryset))
+        page = super().paginate_queryset(listed)
+        if page is None:
+            return None
+        return _Rows(page if listed.answered else plan.render_many(page))
 
     def get_serializer(self, *args, **kwargs):
         if args and isinstance(args[0], _Rows):
@@ -462,11 +570,11 @@ class ReadPathMixin:
         if compiled is not None:
             read, values = compiled
             value = _integer_key(read, key)
-            rows = None if value is None else read.rows((*values, value))
-            if rows is not None and len(rows) <= 1:
-                if not rows:  # as Django's get_object_or_404 says it
+            answers = None if value is None else read.answers(plan, (*values, value))[0]
+            if answers is not None and len(answers) <= 1:
+                if not answers:  # as Django's get_object_or_404 says it
                     raise Http404(f"No {read.model._meta.object_name} matches the given query.")
-                return _Row(plan.render(rows[0]))
+                return _Row(answers[0])
         row = get_object_or_404(plan.select(self.get_queryset()), **{self.lookup_field: key})
         return _Row(plan.render(row))
 

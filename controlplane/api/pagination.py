@@ -1,5 +1,5 @@
 from django.core.exceptions import EmptyResultSet
-from django.core.paginator import EmptyPage, PageNotAnInteger
+from django.core.paginator import EmptyPage, Page, PageNotAnInteger
 from django.core.paginator import Paginator as DjangoPaginator
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
@@ -9,13 +9,13 @@ from rest_framework.pagination import PageNumberPagination
 from controlplane.errors import InvalidInput
 
 #: the page's rows carry the list's size under this name, for one row (then removed)
-_TOTAL = "_kumo_page_total"
+TOTAL = "_kumo_page_total"
 #: the largest OFFSET and LIMIT the database takes (a signed 64-bit integer)
 _MAX_OFFSET = 2**63 - 1
 
 
 def counted_queryset(queryset: QuerySet) -> QuerySet | None:
-    """``queryset`` with the count of all its rows on each row (as ``_TOTAL``), counted as
+    """``queryset`` with the count of all its rows on each row (as ``TOTAL``), counted as
     Django counts: the rows of the query without its ordering (a grouped query, with its own
     select; any other, its keys alone). None when the queryset can match nothing."""
     inner = queryset.order_by()
@@ -25,7 +25,17 @@ def counted_queryset(queryset: QuerySet) -> QuerySet | None:
         sql, params = inner.query.get_compiler(using=queryset.db).as_sql()
     except EmptyResultSet:
         return None
-    return queryset.annotate(**{_TOTAL: RawSQL(f"SELECT COUNT(*) FROM ({sql}) AS counted", params)})
+    return queryset.annotate(**{TOTAL: RawSQL(f"SELECT COUNT(*) FROM ({sql}) AS counted", params)})
+
+
+class ListPage(Page):
+    """Django's page, iterated as the list of its rows it holds (DRF lists a page): not one
+    ``__getitem__`` call, with its checks, per row."""
+
+    def __iter__(self):
+        if not isinstance(self.object_list, list):
+            self.object_list = list(self.object_list)
+        return iter(self.object_list)
 
 
 class CountingPaginator(DjangoPaginator):
@@ -50,27 +60,34 @@ class CountingPaginator(DjangoPaginator):
         if bottom + self.per_page > _MAX_OFFSET:  # past any list, and past the SQL's integers
             return self._djangos_page(number)
         if precompiled is not None:
-            # A page whose SQL, count included, was compiled once (``fastread.CompiledList``).
-            rows = precompiled(bottom, self.per_page)
-        else:
-            counted = counted_queryset(self.object_list)
-            if counted is None:  # a condition nothing can match (``pk__in=[]``, ``none()``)
-                return super().page(number)
-            rows = list(counted[bottom : bottom + self.per_page])
+            # A page whose SQL, count included, was compiled once (``fastread.CompiledList``):
+            # its rows come already answered, and the count beside them.
+            rows, total = precompiled(bottom, self.per_page)
+            if not rows and number > 1:
+                raise EmptyPage(self.error_messages["no_results"])
+            self.__dict__["count"] = total  # Paginator.count is a cached_property
+            return self._get_page(rows, number, self)
+        counted = counted_queryset(self.object_list)
+        if counted is None:  # a condition nothing can match (``pk__in=[]``, ``none()``)
+            return super().page(number)
+        rows = list(counted[bottom : bottom + self.per_page])
         if not rows and number > 1:
             raise EmptyPage(self.error_messages["no_results"])
         if rows and isinstance(rows[0], dict):
-            total = rows[0][_TOTAL]
+            total = rows[0][TOTAL]
             for row in rows:
-                del row[_TOTAL]
+                del row[TOTAL]
         elif rows:
-            total = getattr(rows[0], _TOTAL)
+            total = getattr(rows[0], TOTAL)
             for row in rows:
-                delattr(row, _TOTAL)
+                delattr(row, TOTAL)
         else:
             total = 0
         self.__dict__["count"] = total  # Paginator.count is a cached_property
         return self._get_page(rows, number, self)
+
+    def _get_page(self, *args, **kwargs):
+        return ListPage(*args, **kwargs)
 
     def _djangos_page(self, number):
         queryset = getattr(self.object_list, "queryset", None)
@@ -89,7 +106,7 @@ class CountingPaginator(DjangoPaginator):
             and not query.combinator
             and not query.is_sliced
             and not query.extra
-            and _TOTAL not in query.annotations
+            and TOTAL not in query.annotations
         )
 
     def _validate_number(self, number) -> int:

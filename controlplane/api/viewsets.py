@@ -147,7 +147,14 @@ class ProjectScopedViewSet(KumoViewMixin, viewsets.GenericViewSet):
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # schema generation has no request
             return self.model.objects.none()
-        return self.model.objects.for_project(self.project)
+        queryset = self.model.objects.all()
+        if getattr(self, "action", None) == "list":
+            # A plain list's page runs SQL compiled once (``fastread.CompiledList``) and never
+            # reads this queryset: its project filter is built only when the query is read
+            # (Django's deferred filter, as its related managers defer theirs), the same
+            # filter, in the same place, as built at once.
+            queryset._defer_next_filter = True
+        return queryset.for_project(self.project)
 
     def _read_scope(self):
         # The project's id is the one value: compiled once, the scoped queryset of a stand-in

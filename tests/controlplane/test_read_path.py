@@ -270,6 +270,97 @@ def test_a_read_is_compiled_only_when_its_values_are_its_only_variables(project)
 
 
 @pytest.mark.postgres
+def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_project):
+    """``CompiledRead.answers`` makes the plan's answers straight from the fetched rows: the
+    same as ``render_many`` of the rows ``values()`` gives, for its own project only, with
+    date-times formatted by PostgreSQL or parsed (a time zone other than UTC)."""
+    from django.utils import timezone
+
+    from controlplane.api.fastread import compile_read, plan_for
+    from controlplane.api.serializers import AuditEventSerializer
+
+    AuditEvent.objects.bulk_create(
+        AuditEvent(
+            project=p,
+            project_slug=p.slug,
+            action=f"a.{i}",
+            object_id=str(i),
+            detail=[{}, {"n": i, "x": [1.5, None, "é\u2028"]}, [1e-07, True], "text", 3][i % 5],
+        )
+        for p in (project, other_project)
+        for i in range(6)
+    )
+    plan = plan_for(AuditEventSerializer)
+    for zone in ("UTC", "Asia/Tokyo"):
+        with timezone.override(zone):
+            read = compile_read(
+                lambda p: plan.select(AuditEvent.objects.filter(project_id=p)).order_by("id"), 1
+            )
+            rows = read.rows((project.pk,))
+            answers, first = read.answers(plan, (project.pk,))
+            assert answers == plan.render_many(rows) and first == rows[0]
+            expected = plan.render_many(
+                plan.select(AuditEvent.objects.filter(project=project)).order_by("id")
+            )
+            assert answers == expected and {a["project"] for a in answers} == {project.slug}
+            assert read.answers(plan, (-1,)) == ([], None)
+
+
+def test_a_json_column_is_read_as_djangos_from_db_value_reads_it():
+    """The JSON column's shortcut (``fastread._column_converter``) answers what Django's
+    ``JSONField.from_db_value`` answers, for any text the column could hold and more."""
+    from django.db import connection
+    from django.db.models.expressions import Col
+    from django.db.models.fields.json import KeyTransform
+
+    from controlplane.api.fastread import _column_converter
+
+    field = AuditEvent._meta.get_field("detail")
+    column = Col("controlplane_auditevent", field)
+    texts = [
+        None, "{}", "[]", '{"n": 1, "changed": ["name"]}', '{"b": 1, "a": {"c": [1.50, 1e5]}}',
+        '"text"', "3", "-0", "1.0", "true", "null", '"\\u00e9\\u2028"', " {}", "{} ", "\ufeff{}",
+        "{", "", "nope", '{"a": 1}{"b": 2}', "NaN", "[1, 2,]", b"{}",
+    ]  # fmt: skip
+    fast = _column_converter([field.from_db_value], column, connection)
+    for text in texts:
+        expected = field.from_db_value(text, column, connection)
+        assert repr(fast(text)) == repr(expected), text  # repr: NaN, and 1 against 1.0
+    keyed = _column_converter([field.from_db_value], KeyTransform("n", column), connection)
+    assert keyed(3) == 3 and keyed("[1]") == [1]
+
+
+def test_a_page_lists_its_rows_as_djangos_page():
+    from controlplane.api.pagination import ListPage
+
+    project = make_project()
+    _events(project, 5)
+    queryset = AuditEvent.objects.filter(project=project).order_by("id")
+    for objects in (queryset, list(queryset.values("id")), queryset.values_list("id")):
+        ours = DjangoPaginator(objects, 2)
+        ours._get_page = ListPage
+        for number in (1, 2, 3):
+            assert list(ours.page(number)) == list(DjangoPaginator(objects, 2).page(number))
+
+
+def test_a_lists_queryset_is_its_projects_once_read(project, other_project):
+    """A list's queryset defers building its project filter until it is read (a compiled
+    page never reads it); read, it is the scoped queryset's, query and rows."""
+    from types import SimpleNamespace
+
+    from controlplane.api.views import ProjectAuditEventViewSet
+
+    _events(project, 2)
+    _events(other_project, 3)
+    for action in ("list", "retrieve"):
+        view = ProjectAuditEventViewSet(action=action)
+        view.membership = SimpleNamespace(project=project)
+        queryset, scoped = view.get_queryset(), AuditEvent.objects.for_project(project)
+        assert str(queryset.order_by("id").query) == str(scoped.order_by("id").query)
+        assert set(queryset) == set(scoped) and {e.project_id for e in queryset} == {project.pk}
+
+
+@pytest.mark.postgres
 def test_a_prepared_statement_is_kept_and_logged_with_its_values(project):
     """``controlplane.prepared``: the statement stays prepared on the connection, answers as
     Django's cursor does, and Django's query log shows it with its values."""
