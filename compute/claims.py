@@ -195,7 +195,7 @@ _ALREADY_PREPARED = "42P05"  # duplicate_prepared_statement
 
 
 @lru_cache(maxsize=64)
-def _prepared_form(sql: str, prefix: str = "kumo_claim_") -> tuple[str, str, str]:
+def _prepared_form(sql: str, prefix: str) -> tuple[str, str, str]:
     """``sql`` (with ``%(name)s`` parameters) as a prepared statement: its name (from its
     text, so each shape of claim has its own), the ``PREPARE`` (parameters numbered in order
     of first use, their types inferred from where they are used) and the ``EXECUTE`` taking
@@ -227,47 +227,42 @@ def _execute_claim(cursor, sql: str, params: dict) -> None:
     scans off, and JIT compilation too (the prohibitive cost then given to the scans it
     cannot avoid, of tables without a usable index, would call for it at every run), in a
     savepoint rolled back before the claim runs, so the settings go with it. Claims then
-    use that plan (``plan_cache_mode``, for this transaction's prepared statements, which
-    are the claim's alone). PostgreSQL plans it again, as it would any statement, when a
-    table it reads is analysed or altered.
+    use that plan (``plan_cache_mode``, for the prepared statements run after it in this
+    transaction: the claim and its retries). PostgreSQL plans it again, as it would any
+    statement, when a table it reads is analysed or altered.
 
     A prepared statement outlives a rolled-back transaction; one the connection lost (or
     one it has that this process did not know of) is noticed by its error, after which the
     claim rolls back to its savepoint and sends it again, prepared as the connection
     needs."""
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-        _execute(cursor, "SAVEPOINT kumo_claim", sql, params=params)
-        return
-    name, prepare, execute = _prepared_form(sql)
-    known = _prepared.setdefault(connection.connection, set())
-    for attempt in range(2):
-        statements = ["SAVEPOINT kumo_claim", _GENERIC, execute]
-        if name not in known:
-            statements[1:1] = [
-                "SET LOCAL enable_seqscan = off",
-                "SET LOCAL jit = off",  # a scan it cannot avoid would count as worth compiling
-                _GENERIC,
-                prepare,
-                f"EXPLAIN {execute}",  # plans it and keeps the plan, running nothing
-                "ROLLBACK TO SAVEPOINT kumo_claim",
-            ]
-        try:
-            _execute(cursor, *statements, params=params)
-        except DatabaseError as e:
-            state = getattr(e.__cause__, "sqlstate", None)
-            if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
-                raise
-            cursor.execute("ROLLBACK TO SAVEPOINT kumo_claim")
-            if state == _NOT_PREPARED:
-                known.discard(name)
-            else:
-                known.add(name)
-            continue
-        known.add(name)
-        return
+    execute_prepared(
+        cursor,
+        sql,
+        params,
+        savepoint="kumo_claim",
+        prefix="kumo_claim_",
+        each=(_GENERIC,),
+        preparing=lambda prepare, execute: (
+            "SET LOCAL enable_seqscan = off",
+            "SET LOCAL jit = off",  # a scan it cannot avoid would count as worth compiling
+            _GENERIC,
+            prepare,
+            f"EXPLAIN {execute}",  # plans it and keeps the plan, running nothing
+            "ROLLBACK TO SAVEPOINT kumo_claim",
+        ),
+    )
 
 
-def execute_prepared(cursor, sql: str, params: dict, *, savepoint: str, prefix: str) -> None:
+def execute_prepared(
+    cursor,
+    sql: str,
+    params: dict,
+    *,
+    savepoint: str,
+    prefix: str,
+    each: tuple[str, ...] = (),
+    preparing=lambda prepare, execute: (prepare,),
+) -> None:
     """``SAVEPOINT savepoint`` then ``sql`` (with ``%(name)s`` parameters) as a prepared
     statement of this connection named from ``prefix`` and its text, in one round trip,
     leaving the cursor on its answer: prepared with its first run on the connection (in the
@@ -279,16 +274,20 @@ def execute_prepared(cursor, sql: str, params: dict, *, savepoint: str, prefix: 
     savepoint; statements prepared here are unknown to psycopg and stay. One the connection
     lost anyway (a ``DEALLOCATE ALL`` or ``DISCARD ALL`` from elsewhere) is noticed by its
     error, after which it rolls back to the savepoint and sends it again prepared, which is
-    why a savepoint is taken: the caller's transaction goes on."""
+    why a savepoint is taken: the caller's transaction goes on.
+
+    ``each`` are statements run before every ``EXECUTE``; ``preparing(prepare, execute)``
+    the statements that prepare it, the first time (by default the ``PREPARE`` alone; the
+    claim's also plans it, ``_execute_claim``)."""
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
         _execute(cursor, f"SAVEPOINT {savepoint}", sql, params=params)
         return
     name, prepare, execute = _prepared_form(sql, prefix)
     known = _prepared.setdefault(connection.connection, set())
     for attempt in range(2):
-        statements = [f"SAVEPOINT {savepoint}", execute]
+        statements = [f"SAVEPOINT {savepoint}", *each, execute]
         if name not in known:
-            statements.insert(1, prepare)
+            statements[1:1] = preparing(prepare, execute)
         try:
             _execute(cursor, *statements, params=params)
         except DatabaseError as e:
