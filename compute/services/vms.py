@@ -7,8 +7,11 @@ The host work each action asks for goes out after commit, carrying the new gener
 """
 
 import logging
+import operator
+from functools import reduce
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from compute import placement
@@ -172,33 +175,40 @@ def _create_ports(vm: VirtualMachine, nics) -> None:
 
 
 def vm_schedule_pending(*, limit: int = 100) -> int:
-    """Try to place pending VMs, oldest first; returns how many were placed. Each VM is
-    placed in its own transaction, so one failure holds up no other.
+    """Try to place up to ``limit`` pending VMs, oldest first; returns how many were placed.
+    Each VM is placed in its own transaction, so one failure holds up no other.
 
-    A spot VM (no placement group, no lease) whose size the scheduler's view has no room
-    for is not read or locked: it is told why with every other spot VM of its size in one
-    statement at the end. So a pass over a long queue of spot VMs costs one decision per
-    size, not one transaction per VM."""
+    A spot VM with no placement group and no lease (a "plain" one) whose size the
+    scheduler's view has no room for is neither read nor locked, and does not count against
+    ``limit``: each size is decided once from the view at the start of the pass, and every
+    plain spot VM of a size without room is told why in one statement per size at the end.
+    So a pass over a long queue costs one decision per size, and a small spot VM is placed
+    on the GPUs that are free even when a hundred 8-GPU ones that fit nowhere wait before it
+    (backfilling: spot runs on whatever is free; a waiting spot VM holds no place)."""
     placed = 0
     # On-demand first ("on_demand" sorts before "spot"): spot runs on what nobody else needs.
     # A VM waiting for spot evictions (``reserved_host``) is placed by the hand-over.
-    pending = VirtualMachine.objects.filter(
-        state=VmState.PENDING, reserved_host__isnull=True
-    ).order_by("priority", "created_at")
-    no_room: dict[tuple, tuple[str, list]] = {}  # a spot size -> (reason, VMs of that size)
-    for pk, priority, *size in pending.values_list(
-        "pk", "priority", "vcpus", "memory_mib", "gpus", "gpu_model", "placement_group", "lease"
+    pending = VirtualMachine.objects.filter(state=VmState.PENDING, reserved_host__isnull=True)
+    plain_spot = Q(priority=Priority.SPOT, placement_group__isnull=True, lease__isnull=True)
+    sizes = ("vcpus", "memory_mib", "gpus", "gpu_model")
+    no_room: dict[tuple, str] = {}  # a plain spot size -> why no host has room for it
+    for size in pending.filter(plain_spot).values_list(*sizes).distinct().order_by():
+        reason = placement.no_room(_size_request(size))
+        if reason:
+            no_room[size] = reason[:500]
+    queue = pending.order_by("priority", "created_at")
+    if no_room:
+        queue = queue.exclude(plain_spot & _of_sizes(no_room))
+    for pk, priority, *size, group, lease in queue.values_list(
+        "pk", "priority", *sizes, "placement_group", "lease"
     )[:limit]:
-        shape = tuple(size) if priority == Priority.SPOT and size[-2:] == [None, None] else None
-        if shape is not None and shape not in no_room:
-            vcpus, memory_mib, gpus, gpu_model = shape[:4]
-            reason = placement.no_room(
-                Request(vcpus=vcpus, memory_mib=memory_mib, gpus=gpus, gpu_model=gpu_model)
-            )
+        size = tuple(size)
+        plain = priority == Priority.SPOT and group is None and lease is None
+        if plain and size not in no_room:  # the view may have filled up in this pass
+            reason = placement.no_room(_size_request(size))
             if reason:
-                no_room[shape] = (reason[:500], [])
-        if shape in no_room:
-            no_room[shape][1].append(pk)
+                no_room[size] = reason[:500]
+        if plain and size in no_room:
             continue
         with transaction.atomic():
             vm = placement.pending_locked(pk, skip_locked=True)
@@ -209,8 +219,8 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
                     VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
-                if shape is not None:
-                    no_room[shape] = (e.reason[:500], [])
+                if plain:
+                    no_room[size] = e.reason[:500]
                 if vm.priority == Priority.ON_DEMAND and vm.lease_id is None:
                     from compute.services import spot
 
@@ -219,12 +229,24 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
             send_apply(vm, operation_id=current_operation(vm))
             placed += 1
-    for reason, pks in no_room.values():
-        if pks:
-            VirtualMachine.objects.filter(pk__in=pks, state=VmState.PENDING).exclude(
-                state_reason=reason
-            ).update(state_reason=reason)
+    for size, reason in no_room.items():
+        pending.filter(plain_spot & _of_sizes([size])).exclude(state_reason=reason).update(
+            state_reason=reason
+        )
     return placed
+
+
+def _size_request(size: tuple) -> Request:
+    vcpus, memory_mib, gpus, gpu_model = size
+    return Request(vcpus=vcpus, memory_mib=memory_mib, gpus=gpus, gpu_model=gpu_model)
+
+
+def _of_sizes(sizes) -> Q:
+    """VMs of any of ``sizes`` (vCPUs, memory, GPUs, GPU model)."""
+    return reduce(
+        operator.or_,
+        (Q(vcpus=v, memory_mib=m, gpus=g, gpu_model=model) for v, m, g, model in sizes),
+    )
 
 
 # --- actions on a VM ---------------------------------------------------------------------------

@@ -156,6 +156,22 @@ def test_a_spot_size_the_view_has_no_room_for_is_not_tried_in_a_pass(project, se
     assert len(tried) == 2  # the third is not tried once the view has no room left
 
 
+def test_a_small_spot_vm_behind_a_full_pass_of_sizes_without_room_is_placed(project, sent):
+    make_host("gpu-a")
+    t4, t8, t1 = make_template(gpus=4), make_template(name="g8", gpus=8), make_template(name="g1")
+    held = [make_vm(project, name=f"od-{n}", template=t4) for n in range(2)]  # the host is full
+    big = [make_vm(project, name=f"big-{n}", template=t8, priority=Priority.SPOT) for n in range(3)]
+    small = make_vm(project, name="small", template=t1, priority=Priority.SPOT)
+    assert small.state == VmState.PENDING
+    services.vm_delete(vm=fresh(held[0]))
+    report(fresh(held[0]), "absent")  # four GPUs of one cell free: no room for 8 on one host
+    # More VMs of a size without room wait before it than a pass tries: it is placed anyway.
+    assert services.vm_schedule_pending(limit=2) == 1
+    assert fresh(small).state == VmState.PROVISIONING
+    reasons = {fresh(v).state_reason for v in big}
+    assert len(reasons) == 1 and "8 A100-SXM4-40GB GPUs" in reasons.pop()
+
+
 def test_not_waiting_answers_409_and_creates_nothing(project, sent):
     make_host(kind="cpu")
     with pytest.raises(Conflict) as e:
