@@ -33,8 +33,10 @@ stranded (free GPUs on hosts without the vCPUs or memory one more GPU needs, sam
 ``goodput`` is tenant work, less spot work lost to evictions, over the capacity of the
 whole replay, its ramp-up from an empty fleet and its drain after the last submission
 included. ``goodput_while_spot_waits`` is the same ratio over the time the spot work waiting
-exceeded the free GPUs (``spot_waits_days``): how much of a fleet that is wanted whole does
-tenant work under Kumo's policies.
+exceeded the free GPUs while jobs still arrived (``spot_waits_days``): how much of a fleet
+that is wanted whole does tenant work under Kumo's policies. The drain is not that time: no
+request arrives any more, and the few GPUs on each host that the last long jobs leave
+cannot take the 4- and 8-GPU requests still waiting, which a fleet in use would fill.
 """
 
 from __future__ import annotations
@@ -132,6 +134,7 @@ class Replay:
         self.pending_gpus = self.pending_spot_gpus = 0  # their sums
         self.reaps: set = set()  # (vm id, deadline) of the notices given
         self.m = Metrics()
+        self.arrivals_end = 0.0  # the last submission
         self.od_gpus = self.spot_gpus = self.held_gpus = 0
 
     # -- the clock and the agents ------------------------------------------------------------
@@ -191,12 +194,17 @@ class Replay:
             waiting = min(free, self.pending_gpus)
             m.free_waiting += waiting * dt
             m.free += (free - waiting) * dt
-            if self.pending_spot_gpus > free:
-                m.saturated += dt
-                m.saturated_capacity += m.gpus_total * dt
-                m.saturated_work += (od + spot) * dt
-                m.saturated_held += held * dt
-                m.saturated_free += free * dt
+            # Saturated: while jobs still arrive (not the drain after the last submission,
+            # when the long jobs of a finite trace leave a few GPUs on each host that the
+            # 4- and 8-GPU requests left waiting cannot use), and spot work waits beyond
+            # the free GPUs.
+            wanted = max(0.0, min(t, self.arrivals_end) - m.t)
+            if wanted and self.pending_spot_gpus > free:
+                m.saturated += wanted
+                m.saturated_capacity += m.gpus_total * wanted
+                m.saturated_work += (od + spot) * wanted
+                m.saturated_held += held * wanted
+                m.saturated_free += free * wanted
             m.t = t
         self.now_s = t
 
@@ -251,7 +259,7 @@ class Replay:
         kept = (done // vm.job.checkpoint_s) * vm.job.checkpoint_s
         self.m.spot_lost += (done - kept) * vm.job.gpus
         free = self.m.gpus_total - self.od_gpus - self.spot_gpus - self.held_gpus
-        if self.pending_spot_gpus > free:
+        if self.now_s <= self.arrivals_end and self.pending_spot_gpus > free:
             self.m.saturated_lost += (done - kept) * vm.job.gpus
         vm.progress += kept
         vm.run += 1  # its scheduled end no longer holds
@@ -373,7 +381,7 @@ class Replay:
             self._setup()
             for job in self.jobs:
                 self._at(job.submit_s, "submit", job)
-            end = max((j.submit_s for j in self.jobs), default=0.0)
+            end = self.arrivals_end = max((j.submit_s for j in self.jobs), default=0.0)
             t = self.sample_s
             while t <= end:
                 self._at(t, "sample")

@@ -96,6 +96,20 @@ def test_the_command_replays_on_a_throwaway_database(tmp_path, capsys):
     assert not Host.objects.exists()  # it ran elsewhere
 
 
+def test_the_drain_after_the_last_submission_is_not_time_spot_waits(tmp_path, capsys):
+    # A long 1-GPU job keeps the 8-GPU spot job waiting for ten hours after the last
+    # submission: the fleet is not wanted whole then, only left to drain.
+    figures = _replay(
+        tmp_path,
+        capsys,
+        "0,36000,1,A100-SXM4-40GB,on_demand,lab-a",
+        "60,3600,8,A100-SXM4-40GB,spot,lab-b",
+    )
+    assert figures["simulated_days"] > 11 / 24  # the spot job ran after the long one
+    assert figures["spot_waits_days"] == 0.0
+    assert figures["goodput_while_spot_waits"] is None
+
+
 def test_a_spot_vm_evicted_twice_is_stopped_at_each_notices_end(tmp_path, capsys):
     # The same spot VM is noticed, evicted, started again and noticed anew: the second
     # on-demand request waits the notice and the stop too, not until the spot job ends.
