@@ -194,10 +194,8 @@ class Replay:
             waiting = min(free, self.pending_gpus)
             m.free_waiting += waiting * dt
             m.free += (free - waiting) * dt
-            # Saturated: while jobs still arrive (not the drain after the last submission,
-            # when the long jobs of a finite trace leave a few GPUs on each host that the
-            # 4- and 8-GPU requests left waiting cannot use), and spot work waits beyond
-            # the free GPUs.
+            # Saturated: while jobs still arrive (not the drain: see the module's docstring)
+            # and spot work waits beyond the free GPUs.
             wanted = max(0.0, min(t, self.arrivals_end) - m.t)
             if wanted and self.pending_spot_gpus > free:
                 m.saturated += wanted

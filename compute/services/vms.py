@@ -192,10 +192,13 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     plain_spot = Q(priority=Priority.SPOT, placement_group__isnull=True, lease__isnull=True)
     sizes = ("vcpus", "memory_mib", "gpus", "gpu_model")
     no_room: dict[tuple, str] = {}  # a plain spot size -> why no host has room for it
+    roomy: set[tuple] = set()  # plain spot sizes with room since the last attempt
     for size in pending.filter(plain_spot).values_list(*sizes).distinct().order_by():
         reason = placement.no_room(_size_request(size))
         if reason:
             no_room[size] = reason[:500]
+        else:
+            roomy.add(size)
     queue = pending.order_by("priority", "created_at")
     if no_room:
         queue = queue.exclude(plain_spot & _of_sizes(no_room))
@@ -204,12 +207,13 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     )[:limit]:
         size = tuple(size)
         plain = priority == Priority.SPOT and group is None and lease is None
-        if plain and size not in no_room:  # the view may have filled up in this pass
-            reason = placement.no_room(_size_request(size))
+        if plain and size not in no_room and size not in roomy:
+            reason = placement.no_room(_size_request(size))  # the last attempt took room
             if reason:
                 no_room[size] = reason[:500]
         if plain and size in no_room:
             continue
+        roomy.clear()  # an attempt (a claim, a preemption's reservation) changes the view
         with transaction.atomic():
             vm = placement.pending_locked(pk, skip_locked=True)
             if vm is None:
