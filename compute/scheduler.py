@@ -37,6 +37,34 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 
+class _Ids:
+    """Host ids, added and discarded in O(1) and read by position, so that a decision can
+    start at a random one without copying thousands (a set cannot be indexed)."""
+
+    __slots__ = ("_at", "items")
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self._at: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, host_id: int) -> None:
+        if host_id not in self._at:
+            self._at[host_id] = len(self.items)
+            self.items.append(host_id)
+
+    def discard(self, host_id: int) -> None:
+        at = self._at.pop(host_id, None)
+        if at is None:
+            return
+        last = self.items.pop()
+        if last != host_id:  # the last one takes the place of the one that left
+            self.items[at] = last
+            self._at[last] = at
+
+
 @dataclass
 class HostView:
     """One schedulable host as the scheduler sees it. ``cells`` maps a NUMA cell to the ids
@@ -244,8 +272,8 @@ class Scheduler:
         self.excluded = excluded
         self.sample = sample
         self._rng = rng or random.Random()  # where to start among equally good GPU hosts
-        self._cpu_order: list[int] = []
-        self._gpu_index: dict[tuple[str, tuple[int, ...]], set[int]] = defaultdict(set)
+        self._cpu_order = _Ids()
+        self._gpu_index: dict[tuple[str, tuple[int, ...]], _Ids] = defaultdict(_Ids)
         self._start = itertools.count()
         self._cpu_hosts = 0  # hosts of the view with no GPU
         for host in hosts:
@@ -257,7 +285,7 @@ class Scheduler:
         if host.id in self.hosts:
             self.remove(host.id)
         self.hosts[host.id] = host
-        self._cpu_order.append(host.id)
+        self._cpu_order.add(host.id)
         if host.gpus_total:
             self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
         else:
@@ -267,7 +295,7 @@ class Scheduler:
         host = self.hosts.pop(host_id, None)
         if host is None:
             return
-        self._cpu_order.remove(host_id)
+        self._cpu_order.discard(host_id)
         if host.gpus_total:
             self._gpu_index[(host.gpu_model, host.pattern())].discard(host_id)
         else:
@@ -320,6 +348,9 @@ class Scheduler:
         feasible: list[HostView] = []
         visited = 0
         filters = FILTERS if self._cpu_hosts else FILTERS_NO_RESERVE
+        # The GPU index offers hosts best first (``_gpu_candidates``): the first that passes
+        # weighs as much as any after it, and ``max`` would keep it. Others are sampled.
+        enough = 1 if self._best_first(req) else self.sample
         for host in self._candidates(req):
             visited += 1
             failed = next((name for name, f in filters.items() if not f(host, req)), None)
@@ -327,7 +358,7 @@ class Scheduler:
                 rejected[failed] += 1
                 continue
             feasible.append(host)
-            if len(feasible) >= self.sample:
+            if len(feasible) >= enough:
                 break
         if not feasible:
             if req.gpus:  # hosts the GPU index never offered lacked the GPUs
@@ -347,6 +378,11 @@ class Scheduler:
             devices = tuple(sorted(best.cells[cell])[: req.gpus])
         return Placement(best.id, best.name, cell if req.gpus else None, devices, best.rack)
 
+    @staticmethod
+    def _best_first(req: Request) -> bool:
+        """Whether ``_candidates`` offers the hosts for ``req`` in the weighers' order."""
+        return bool(req.gpus) and not (req.group_policy == "affinity" and req.group_hosts)
+
     def _candidates(self, req: Request) -> Iterator[HostView]:
         if req.group_policy == "affinity" and req.group_hosts:
             yield from (self.hosts[h] for h in req.group_hosts if h in self.hosts)
@@ -354,14 +390,14 @@ class Scheduler:
         if req.gpus:
             yield from self._gpu_candidates(req)
             return
-        order = self._cpu_order
-        if not order:
+        order = self._cpu_order.items
+        count = len(order)
+        if not count:
             return
-        start = next(self._start) % len(order)
-        cpu_first = itertools.chain(order[start:], order[:start])
+        start = next(self._start) % count
         gpu_hosts = []
-        for host_id in cpu_first:
-            host = self.hosts[host_id]
+        for i in range(start, start + count):
+            host = self.hosts[order[i % count]]
             if host.gpus_total:
                 gpu_hosts.append(host)
             else:
@@ -369,6 +405,9 @@ class Scheduler:
         yield from gpu_hosts
 
     def _gpu_candidates(self, req: Request) -> Iterator[HostView]:
+        """Hosts with a cell (or a whole node) that fits ``req``, tightest pattern first:
+        the order of ``pack_gpus_weigher``, which weighs alike every host of one pattern
+        (free GPUs per cell) and prefers the pattern ``_pack_order`` puts first."""
         keyed = []
         for (model, pattern), ids in self._gpu_index.items():
             if not ids or (req.gpu_model and model != req.gpu_model):
@@ -377,7 +416,8 @@ class Scheduler:
             if order is not None:
                 keyed.append((order, model, pattern))
         for _order, model, pattern in sorted(keyed):
-            ids = list(self._gpu_index[(model, pattern)])
-            start = self._rng.randrange(len(ids))  # equally tight: spread concurrent schedulers
-            for host_id in itertools.chain(ids[start:], ids[:start]):
-                yield self.hosts[host_id]
+            ids = self._gpu_index[(model, pattern)].items
+            count = len(ids)
+            start = self._rng.randrange(count)  # equally tight: spread concurrent schedulers
+            for i in range(start, start + count):  # lazily: a decision reads a few
+                yield self.hosts[ids[i % count]]

@@ -1,8 +1,12 @@
 """Placement rules of the in-memory scheduler (no database)."""
 
-import pytest
+import random
 
-from compute.scheduler import HostView, NoValidHost, Request, Scheduler
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compute.scheduler import HostView, NoValidHost, Request, Scheduler, _Ids
 
 MODEL = "A100-SXM4-40GB"
 
@@ -161,3 +165,69 @@ def test_a_cpu_vm_never_takes_what_a_gpu_hosts_free_gpus_need():
 def test_a_fleet_of_gpu_hosts_only_places_cpu_vms_on_them():
     gpu = _reserving(gpu_host(1, vcpus=128))
     assert Scheduler([gpu]).select(Request(vcpus=4, memory_mib=8192)).host_id == 1
+
+
+# --- the first host the GPU index offers is the best ----------------------------------------
+
+
+class _WeighingAll(Scheduler):
+    """The scheduler as it was: it weighs every feasible host it visits, up to its sample."""
+
+    @staticmethod
+    def _best_first(req):
+        return False
+
+
+fleets = st.lists(
+    st.tuples(
+        st.tuples(st.integers(0, 4), st.integers(0, 4)),  # free GPUs per cell
+        st.integers(0, 128),  # free vCPUs
+        st.sampled_from([MODEL, "H100-SXM5-80GB"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@given(
+    fleet=fleets,
+    cpu_hosts=st.integers(0, 3),
+    n=st.sampled_from([1, 2, 3, 4, 8]),
+    model=st.sampled_from(["", MODEL]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=300, deadline=None)
+def test_stopping_at_the_first_feasible_gpu_host_decides_as_weighing_them_all(
+    fleet, cpu_hosts, n, model, seed
+):
+    def views():
+        hosts = []
+        for i, (free, vcpus, host_model) in enumerate(fleet, start=1):
+            host = gpu_host(i, free=free, vcpus=vcpus)
+            host.gpu_model = host_model
+            hosts.append(host)
+        return hosts + [cpu_host(1000 + i) for i in range(cpu_hosts)]
+
+    req = Request(vcpus=16 * n, memory_mib=57 * 1024 * n, gpus=n, gpu_model=model)
+    decided, weighed = [], []
+    for kind, out in ((Scheduler, decided), (_WeighingAll, weighed)):
+        scheduler = kind(views(), rng=random.Random(seed))
+        try:
+            out.append(scheduler.select(req))
+        except NoValidHost as e:
+            out.append(e.reason)
+    assert decided == weighed
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 20)), max_size=200))
+def test_the_indexes_host_ids_are_a_set_read_by_position(operations):
+    ids, expected = _Ids(), set()
+    for add, host_id in operations:
+        if add:
+            ids.add(host_id)
+            expected.add(host_id)
+        else:
+            ids.discard(host_id)
+            expected.discard(host_id)
+        assert len(ids) == len(expected)
+        assert sorted(ids.items) == sorted(expected)
