@@ -331,6 +331,9 @@ class UsageRecord(ProjectOwnedModel):
     key: a bill outlives the deleted VM or released address it describes.
     """
 
+    # Read by project through the (project, started_at) index: no index of the key alone,
+    # which each interval written (a VM's claim writes three) would update for nothing.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     subject_type = models.CharField(max_length=64, help_text="e.g. compute.virtualmachine")
     subject_id = models.CharField(max_length=64)
     subject_name = models.CharField(max_length=200, blank=True)
