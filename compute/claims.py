@@ -171,7 +171,7 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
         "state": VmState.PROVISIONING.value,
         "now": now,
     }
-    sql = _CLAIM.replace("{usage}", ctes).replace("{admitted}", f"({admitted})")
+    sql = _claim_sql_text(ctes, admitted)
     with connection.cursor() as cursor:
         _execute_claim(cursor, sql, params)
         host, devices, vm_rows, admitted = cursor.fetchone()
@@ -185,6 +185,13 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
     if devices != len(placement.device_ids):
         raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
+
+
+@lru_cache(maxsize=64)
+def _claim_sql_text(usage_ctes: str, admitted: str) -> str:
+    """The claim's text with its usage intervals and admission condition: one string object
+    per shape, so that finding its prepared statement costs no new hashing of it."""
+    return _CLAIM.replace("{usage}", usage_ctes).replace("{admitted}", f"({admitted})")
 
 
 # The claim statements prepared on each connection (a new connection starts with none).

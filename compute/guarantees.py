@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from functools import lru_cache
 
 from django.db import connection, transaction
 from django.db.models import Q, Sum
@@ -236,8 +237,20 @@ def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
     if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
         return None
     holding = [str(state) for state in leases.HOLDING]
-    states = ", ".join(f"%(admission_state{i})s" for i in range(len(holding)))
-    sql = f"""NOT EXISTS (
+    params = {
+        "admission_project": vm.project_id,
+        "admission_gpus": bool(vm.gpus),
+        "admission_model": vm.gpu_model,
+        "admission_now": connection.ops.adapt_datetimefield_value(timezone.now()),
+    } | {f"admission_state{i}": state for i, state in enumerate(holding)}
+    return _nothing_to_weigh_sql(len(holding)), params
+
+
+@lru_cache(maxsize=4)
+def _nothing_to_weigh_sql(holding: int) -> str:
+    """``nothing_to_weigh``'s condition for ``holding`` lease states (one string object)."""
+    states = ", ".join(f"%(admission_state{i})s" for i in range(holding))
+    return f"""NOT EXISTS (
             SELECT 1 FROM {CapacityGuarantee._meta.db_table}
             WHERE project_id <> %(admission_project)s
               AND (min_vcpus > 0 OR (%(admission_gpus)s AND min_gpus > 0
@@ -247,13 +260,6 @@ def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
             WHERE gpu_model = %(admission_model)s AND state IN ({states})
               AND ends_at > %(admission_now)s
         ))"""
-    params = {
-        "admission_project": vm.project_id,
-        "admission_gpus": bool(vm.gpus),
-        "admission_model": vm.gpu_model,
-        "admission_now": connection.ops.adapt_datetimefield_value(timezone.now()),
-    } | {f"admission_state{i}": state for i, state in enumerate(holding)}
-    return sql, params
 
 
 def _anything_to_check(vm: VirtualMachine) -> bool:

@@ -32,6 +32,7 @@ deleting VM stops paying when its deletion is asked.
 
 from datetime import datetime
 from decimal import Decimal
+from functools import lru_cache
 
 from django.db.models import F, Max, Value
 from django.db.models.functions import Greatest
@@ -148,27 +149,33 @@ def vm_usage_sync_ctes(vm, *, state: str, at: datetime, when: str) -> tuple[str,
         "usage_name": vm.name[:200],
         "usage_at": at,
     }
-    rows = []
     for i, ((resource, model), (quantity, priority)) in enumerate(wanted.items()):
-        rows.append(
-            f"(%(usage_r{i})s::varchar, %(usage_m{i})s::varchar,"
-            f" %(usage_q{i})s::numeric, %(usage_p{i})s::varchar)"
-        )
         params |= {
             f"usage_r{i}": resource,
             f"usage_m{i}": model,
             f"usage_q{i}": quantity,
             f"usage_p{i}": str(priority),
         }
+    return _vm_usage_sync_sql(len(wanted), when), params
+
+
+@lru_cache(maxsize=16)
+def _vm_usage_sync_sql(rows: int, when: str) -> str:
+    """The text of ``vm_usage_sync_ctes`` for ``rows`` wanted intervals: one string object
+    per shape, so the claim that holds it is built, hashed and found prepared unchanged."""
     values = (
-        f"VALUES {', '.join(rows)}"
+        "VALUES "
+        + ", ".join(
+            f"(%(usage_r{i})s::varchar, %(usage_m{i})s::varchar,"
+            f" %(usage_q{i})s::numeric, %(usage_p{i})s::varchar)"
+            for i in range(rows)
+        )
         if rows
         else "SELECT NULL::varchar, NULL::varchar, NULL::numeric, NULL::varchar WHERE false"
     )
     table = UsageRecord._meta.db_table
     mine = "subject_type = %(usage_type)s AND subject_id = %(usage_id)s"
-    return (
-        f"""usage_wanted (resource, model, quantity, priority) AS ({values}),
+    return f"""usage_wanted (resource, model, quantity, priority) AS ({values}),
 usage_closed AS (
     UPDATE {table} SET ended_at = GREATEST(%(usage_at)s, started_at)
     WHERE {mine} AND ended_at IS NULL AND ({when})
@@ -193,9 +200,7 @@ usage_opened AS (
                         AND model = w.model AND quantity = w.quantity
                         AND priority = w.priority)
     RETURNING id
-)""",
-        params,
-    )
+)"""
 
 
 def _close(record: UsageRecord, at: datetime) -> None:
