@@ -47,7 +47,7 @@ from tenants import usage
 _CLAIM = f"""
 WITH claim_host AS (
     SELECT id FROM {Host._meta.db_table}
-    WHERE id = %(host)s AND state = %(up)s
+    WHERE id = %(host)s AND state = '{HostState.UP.value}'
       AND vcpus_used <= floor(vcpus * cpu_allocation_ratio) - %(vcpus)s
       AND memory_mib_used <= floor(memory_mib * ram_allocation_ratio) - %(memory)s
     FOR NO KEY UPDATE
@@ -87,8 +87,9 @@ claim_devices_given AS (
 ),
 claim_vm_placed AS (
     UPDATE {VirtualMachine._meta.db_table}
-    SET host_id = %(host)s, numa_cell = %(cell)s, rack = %(rack)s, state = %(state)s,
-        state_reason = '', generation = %(generation)s + 1, updated_at = %(now)s
+    SET host_id = %(host)s, numa_cell = %(cell)s, rack = %(rack)s,
+        state = '{VmState.PROVISIONING.value}', state_reason = '',
+        generation = %(generation)s + 1, updated_at = %(now)s
     WHERE id IN (SELECT id FROM claim_vm) AND (SELECT ok FROM claim_ok)
     RETURNING id
 ),
@@ -158,7 +159,6 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
     params |= admission_params
     params |= {
         "host": placement.host_id,
-        "up": HostState.UP.value,
         "vcpus": req.vcpus,
         "memory": req.memory_mib,
         "devices": list(placement.device_ids),
@@ -168,7 +168,6 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
         "generation": vm.generation,
         "cell": placement.numa_cell,
         "rack": placement.rack,
-        "state": VmState.PROVISIONING.value,
         "now": now,
     }
     sql = _claim_sql_text(ctes, admitted)

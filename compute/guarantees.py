@@ -236,20 +236,20 @@ def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
     more; where it does not hold, the caller asks ``admission_refusal``."""
     if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
         return None
-    holding = [str(state) for state in leases.HOLDING]
     params = {
         "admission_project": vm.project_id,
         "admission_gpus": bool(vm.gpus),
         "admission_model": vm.gpu_model,
         "admission_now": connection.ops.adapt_datetimefield_value(timezone.now()),
-    } | {f"admission_state{i}": state for i, state in enumerate(holding)}
-    return _nothing_to_weigh_sql(len(holding)), params
+    }
+    return _nothing_to_weigh_sql(), params
 
 
-@lru_cache(maxsize=4)
-def _nothing_to_weigh_sql(holding: int) -> str:
-    """``nothing_to_weigh``'s condition for ``holding`` lease states (one string object)."""
-    states = ", ".join(f"%(admission_state{i})s" for i in range(holding))
+@lru_cache(maxsize=1)
+def _nothing_to_weigh_sql() -> str:
+    """``nothing_to_weigh``'s condition (one string object), the lease states that hold
+    capacity written in it: constants of the code, not parameters to send each time."""
+    states = ", ".join(f"'{state.value}'" for state in leases.HOLDING)
     return f"""NOT EXISTS (
             SELECT 1 FROM {CapacityGuarantee._meta.db_table}
             WHERE project_id <> %(admission_project)s

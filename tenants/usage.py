@@ -144,7 +144,6 @@ def vm_usage_sync_ctes(vm, *, state: str, at: datetime, when: str) -> tuple[str,
     wanted = vm_usage_wanted(vm, state=state)
     params = {
         "usage_project": vm.project_id,
-        "usage_type": VM_SUBJECT,
         "usage_id": str(vm.pk),
         "usage_name": vm.name[:200],
         "usage_at": at,
@@ -174,7 +173,8 @@ def _vm_usage_sync_sql(rows: int, when: str) -> str:
         else "SELECT NULL::varchar, NULL::varchar, NULL::numeric, NULL::varchar WHERE false"
     )
     table = UsageRecord._meta.db_table
-    mine = "subject_type = %(usage_type)s AND subject_id = %(usage_id)s"
+    subject = f"'{VM_SUBJECT}'"  # a constant of the code, written in the statement
+    mine = f"subject_type = {subject} AND subject_id = %(usage_id)s"
     return f"""usage_wanted (resource, model, quantity, priority) AS ({values}),
 usage_closed AS (
     UPDATE {table} SET ended_at = GREATEST(%(usage_at)s, started_at)
@@ -185,7 +185,7 @@ usage_closed AS (
 usage_opened AS (
     INSERT INTO {table} (project_id, subject_type, subject_id, subject_name, resource,
                          model, priority, quantity, started_at, ended_at)
-    SELECT %(usage_project)s::bigint, %(usage_type)s::varchar, %(usage_id)s::varchar,
+    SELECT %(usage_project)s::bigint, {subject}::varchar, %(usage_id)s::varchar,
            %(usage_name)s::varchar, w.resource,
            w.model, w.priority, w.quantity,
            GREATEST(%(usage_at)s, (SELECT max(ended_at) FROM {table}
