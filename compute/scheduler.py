@@ -16,9 +16,10 @@ The rules:
 * Only hosts that are up are in the view: drained, in maintenance or down take nothing.
 
 Speed: a decision must not walk 5,000 hosts. GPU hosts are indexed by their pattern of free
-GPUs per cell (few distinct patterns exist), visited tightest fit first; CPU requests walk
-from a rotating start and weigh only the first ``sample`` hosts that pass the filters, as
-kube-scheduler scores a subset of feasible nodes.
+GPUs per cell (few distinct patterns exist), visited tightest fit first, so the first that
+passes the filters is the best (the weighers rank hosts as that order does); CPU requests
+walk from a rotating start and weigh only the first ``sample`` hosts that pass the filters,
+as kube-scheduler scores a subset of feasible nodes.
 
 Concurrent schedulers: several processes decide on views that do not see each other's
 reservations. Were equally good hosts visited in the same order everywhere, every process
