@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import zlib
-from functools import lru_cache
 
 from django.db import connection, transaction
 from django.db.models import Q, Sum
@@ -226,6 +225,21 @@ def admission_refusal(vm: VirtualMachine) -> str:
     return ""
 
 
+# ``nothing_to_weigh``'s condition. The lease states that hold capacity are constants of the
+# code, written in it rather than sent as parameters with every claim.
+_HOLDING = ", ".join(f"'{state.value}'" for state in leases.HOLDING)
+_NOTHING_TO_WEIGH = f"""NOT EXISTS (
+            SELECT 1 FROM {CapacityGuarantee._meta.db_table}
+            WHERE project_id <> %(admission_project)s
+              AND (min_vcpus > 0 OR (%(admission_gpus)s AND min_gpus > 0
+                                     AND gpu_model = %(admission_model)s))
+        ) AND NOT (%(admission_gpus)s AND EXISTS (
+            SELECT 1 FROM {Lease._meta.db_table}
+            WHERE gpu_model = %(admission_model)s AND state IN ({_HOLDING})
+              AND ends_at > %(admission_now)s
+        ))"""
+
+
 def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
     """The SQL condition under which ``vm``'s admission has nothing to weigh, and its
     parameters (named ``admission_*``); None when ``vm`` is always admitted (spot, or in a
@@ -242,24 +256,7 @@ def nothing_to_weigh(vm: VirtualMachine) -> tuple[str, dict] | None:
         "admission_model": vm.gpu_model,
         "admission_now": connection.ops.adapt_datetimefield_value(timezone.now()),
     }
-    return _nothing_to_weigh_sql(), params
-
-
-@lru_cache(maxsize=1)
-def _nothing_to_weigh_sql() -> str:
-    """``nothing_to_weigh``'s condition (one string object), the lease states that hold
-    capacity written in it: constants of the code, not parameters to send each time."""
-    states = ", ".join(f"'{state.value}'" for state in leases.HOLDING)
-    return f"""NOT EXISTS (
-            SELECT 1 FROM {CapacityGuarantee._meta.db_table}
-            WHERE project_id <> %(admission_project)s
-              AND (min_vcpus > 0 OR (%(admission_gpus)s AND min_gpus > 0
-                                     AND gpu_model = %(admission_model)s))
-        ) AND NOT (%(admission_gpus)s AND EXISTS (
-            SELECT 1 FROM {Lease._meta.db_table}
-            WHERE gpu_model = %(admission_model)s AND state IN ({states})
-              AND ends_at > %(admission_now)s
-        ))"""
+    return _NOTHING_TO_WEIGH, params
 
 
 def _anything_to_check(vm: VirtualMachine) -> bool:
