@@ -31,7 +31,9 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
+from collections.abc import Callable
 from functools import lru_cache
+from typing import NamedTuple
 from uuid import UUID
 
 from django.db import DatabaseError, connection, transaction
@@ -62,7 +64,7 @@ claim_devices AS (
 claim_vm AS (
     SELECT id FROM {VirtualMachine._meta.db_table}
     WHERE id = %(vm)s AND generation = %(generation)s AND host_id IS NULL
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE{{skip_locked_vm}}
 ),
 claim_locked AS (
     SELECT (SELECT count(*) FROM claim_host) AS host,
@@ -128,17 +130,15 @@ def claim_write(
     and its parameters (``compute.guarantees.nothing_to_weigh``) checked in the same
     statement; where it does not hold, nothing is written and ``AdmissionToWeigh`` is
     raised. ``vm`` is updated in place."""
-    changes = {
-        "host_id": placement.host_id,
-        "numa_cell": placement.numa_cell,
-        "rack": placement.rack,
-        "state": VmState.PROVISIONING,
-        "state_reason": "",
-        "generation": vm.generation + 1,
-    }
     now = timezone.now()
     if connection.vendor == "postgresql":
-        _claim_sql(vm, placement, req, now, admitted_if)
+        statement = claim_statement(vm, placement, req, at=now, admitted_if=admitted_if)
+        with connection.cursor() as cursor:
+            ((answer,),) = execute_prepared(cursor, statement)
+        failure = claim_failure(answer, vm, placement)
+        if failure is not None:
+            claim_undo()
+            raise failure
     else:
         if admitted_if is not None:
             with connection.cursor() as cursor:
@@ -146,14 +146,57 @@ def claim_write(
                 if not cursor.fetchone()[0]:
                     raise AdmissionToWeigh()
         with transaction.atomic():
-            _claim_orm(vm, placement, req, now, changes)
-    for name, value in changes.items():
+            _claim_orm(vm, placement, req, now, _changes(vm, placement))
+    claimed(vm, placement)
+
+
+def _changes(vm, placement: Placement) -> dict:
+    return {
+        "host_id": placement.host_id,
+        "numa_cell": placement.numa_cell,
+        "rack": placement.rack,
+        "state": VmState.PROVISIONING,
+        "state_reason": "",
+        "generation": vm.generation + 1,
+    }
+
+
+def claimed(vm: VirtualMachine, placement: Placement) -> None:
+    """Update ``vm`` in place as its claim of ``placement`` left its row."""
+    for name, value in _changes(vm, placement).items():
         setattr(vm, name, value)
 
 
-def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admitted_if) -> None:
+class Prepared(NamedTuple):
+    """A statement to run as a prepared statement of the connection (``execute_prepared``):
+    ``sql`` with ``%(name)s`` parameters, its ``params``, the savepoint taken before it,
+    the prefix of its name, the statements run before every ``EXECUTE`` of it (``each``)
+    and ``preparing(prepare, execute)``, the statements that prepare it the first time."""
+
+    sql: str
+    params: dict
+    savepoint: str
+    prefix: str
+    each: tuple[str, ...] = ()
+    preparing: Callable[[str, str], tuple[str, ...]] = lambda prepare, execute: (prepare,)
+
+
+def claim_statement(
+    vm,
+    placement: Placement,
+    req: Request,
+    *,
+    at,
+    admitted_if: tuple[str, dict] | None = None,
+    skip_locked_vm: bool = False,
+) -> Prepared:
+    """The claim of ``placement`` for ``vm`` (the VM's key, project, name, sizes, priority,
+    lease and generation are read from it) at ``at``, as ``execute_prepared`` runs it: its
+    answer is one row for ``claim_failure``. ``skip_locked_vm``: a VM row that another
+    transaction holds counts as changed instead of being waited for (the caller has not
+    locked it first, ``compute.placement.pending_claimed``)."""
     ctes, params = usage.vm_usage_sync_ctes(
-        vm, state=VmState.PROVISIONING, at=now, when="SELECT ok FROM claim_ok"
+        vm, state=VmState.PROVISIONING, at=at, when="SELECT ok FROM claim_ok"
     )
     admitted, admission_params = admitted_if or ("true", {})
     params |= admission_params
@@ -168,29 +211,49 @@ def _claim_sql(vm: VirtualMachine, placement: Placement, req: Request, now, admi
         "generation": vm.generation,
         "cell": placement.numa_cell,
         "rack": placement.rack,
-        "now": now,
+        "now": at,
     }
-    sql = _claim_sql_text(ctes, admitted)
-    with connection.cursor() as cursor:
-        _execute_claim(cursor, sql, params)
-        host, devices, vm_rows, admitted = cursor.fetchone()
-        if host == 1 and devices == len(placement.device_ids) and vm_rows == 1 and admitted:
-            return
-        _execute(cursor, "ROLLBACK TO SAVEPOINT kumo_claim", "RELEASE SAVEPOINT kumo_claim")
+    return Prepared(
+        _claim_sql_text(ctes, admitted, skip_locked_vm),
+        params,
+        savepoint="kumo_claim",
+        prefix="kumo_claim_",
+        each=(_GENERIC,),
+        preparing=_preparing_claim,
+    )
+
+
+def claim_failure(answer: tuple, vm, placement: Placement) -> Exception | None:
+    """What to raise for the claim that gave ``answer`` (``claim_statement``); None when it
+    holds. One that does not hold has locked rows and may have written: ``claim_undo``."""
+    host, devices, vm_rows, admitted = answer
+    if host == 1 and devices == len(placement.device_ids) and vm_rows == 1 and admitted:
+        return None
     if not admitted:
-        raise AdmissionToWeigh()
+        return AdmissionToWeigh()
     if not host:
-        raise ClaimConflict(f"host {placement.host_name} no longer has the room")
+        return ClaimConflict(f"host {placement.host_name} no longer has the room")
     if devices != len(placement.device_ids):
-        raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
-    raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
+        return ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
+    return ClaimConflict(f"vm {vm.pk} changed while it was being placed")
+
+
+def claim_undo() -> None:
+    """Undo the last claim of this transaction, the rows it locked with it (one round
+    trip)."""
+    with connection.cursor() as cursor:
+        _execute(cursor, "ROLLBACK TO SAVEPOINT kumo_claim", "RELEASE SAVEPOINT kumo_claim")
 
 
 @lru_cache(maxsize=64)
-def _claim_sql_text(usage_ctes: str, admitted: str) -> str:
+def _claim_sql_text(usage_ctes: str, admitted: str, skip_locked_vm: bool = False) -> str:
     """The claim's text with its usage intervals and admission condition: one string object
     per shape, so that finding its prepared statement costs no new hashing of it."""
-    return _CLAIM.replace("{usage}", usage_ctes).replace("{admitted}", f"({admitted})")
+    return (
+        _CLAIM.replace("{usage}", usage_ctes)
+        .replace("{admitted}", f"({admitted})")
+        .replace("{skip_locked_vm}", " SKIP LOCKED" if skip_locked_vm else "")
+    )
 
 
 # The claim statements prepared on each connection (a new connection starts with none).
@@ -222,106 +285,104 @@ def _prepared_form(sql: str, prefix: str) -> tuple[str, str, str]:
 _GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"  # prepared statements only
 
 
-def _execute_claim(cursor, sql: str, params: dict) -> None:
-    """``SAVEPOINT kumo_claim`` then the claim ``sql``, in one round trip, leaving the
-    cursor on the claim's answer. With Django's default client-side binding the claim is a
-    prepared statement of this connection, planned once, the first time, in the same round
-    trip: PostgreSQL then runs the cached plan instead of planning every claim again.
+def _preparing_claim(prepare: str, execute: str) -> tuple[str, ...]:
+    """How a claim statement is prepared, with the first claim of its shape on a connection.
+    With Django's default client-side binding the claim is a prepared statement of this
+    connection, planned once, the first time, in the same round trip: PostgreSQL then runs
+    the cached plan instead of planning every claim again.
 
     That plan reads every row by its key, whatever the tables' sizes (a plan made on a
     young, small usage table would scan it whole as it grows): it is made with sequential
     scans off, and JIT compilation too (the prohibitive cost then given to the scans it
     cannot avoid, of tables without a usable index, would call for it at every run), in a
     savepoint rolled back before the claim runs, so the settings go with it. Claims then
-    use that plan (``plan_cache_mode``, for the prepared statements run after it in this
-    transaction: the claim and its retries). PostgreSQL plans it again, as it would any
-    statement, when a table it reads is analysed or altered.
-
-    A prepared statement outlives a rolled-back transaction; one the connection lost (or
-    one it has that this process did not know of) is noticed by its error, after which the
-    claim rolls back to its savepoint and sends it again, prepared as the connection
-    needs."""
-    execute_prepared(
-        cursor,
-        sql,
-        params,
-        savepoint="kumo_claim",
-        prefix="kumo_claim_",
-        each=(_GENERIC,),
-        preparing=lambda prepare, execute: (
-            "SET LOCAL enable_seqscan = off",
-            "SET LOCAL jit = off",  # a scan it cannot avoid would count as worth compiling
-            _GENERIC,
-            prepare,
-            f"EXPLAIN {execute}",  # plans it and keeps the plan, running nothing
-            "ROLLBACK TO SAVEPOINT kumo_claim",
-        ),
+    use that plan (``plan_cache_mode``, sent before each claim, for the prepared statements
+    run after it in this transaction: the claim and its retries). PostgreSQL plans it again,
+    as it would any statement, when a table it reads is analysed or altered."""
+    return (
+        "SET LOCAL enable_seqscan = off",
+        "SET LOCAL jit = off",  # a scan it cannot avoid would count as worth compiling
+        _GENERIC,
+        prepare,
+        f"EXPLAIN {execute}",  # plans it and keeps the plan, running nothing
+        "ROLLBACK TO SAVEPOINT kumo_claim",
     )
 
 
-def execute_prepared(
-    cursor,
-    sql: str,
-    params: dict,
-    *,
-    savepoint: str,
-    prefix: str,
-    each: tuple[str, ...] = (),
-    preparing=lambda prepare, execute: (prepare,),
-) -> None:
-    """``SAVEPOINT savepoint`` then ``sql`` (with ``%(name)s`` parameters) as a prepared
-    statement of this connection named from ``prefix`` and its text, in one round trip,
-    leaving the cursor on its answer: prepared with its first run on the connection (in the
-    same round trip), then only executed. The savepoint is left to the caller's commit.
+def execute_prepared(cursor, *statements: Prepared) -> list[list[tuple]]:
+    """Run ``statements``, each after its savepoint, as prepared statements of this
+    connection, all in one round trip; returns each one's rows. Each is named from its
+    prefix and its text, prepared with its first run on the connection (in the same round
+    trip), then only executed. The savepoints are left to the caller's commit. Their
+    parameters must have distinct names.
 
-    This is the claim's way (``_execute_claim``), not psycopg's statement cache: psycopg
-    forgets every statement it prepared (``DEALLOCATE ALL``) whenever a statement it runs
-    answers ``ROLLBACK``, which a claim that lost a race does when it rolls back to its
-    savepoint; statements prepared here are unknown to psycopg and stay. One the connection
-    lost anyway (a ``DEALLOCATE ALL`` or ``DISCARD ALL`` from elsewhere) is noticed by its
-    error, after which it rolls back to the savepoint and sends it again prepared, which is
-    why a savepoint is taken: the caller's transaction goes on.
+    This is the claim's way, not psycopg's statement cache: psycopg forgets every statement
+    it prepared (``DEALLOCATE ALL``) whenever a statement it runs answers ``ROLLBACK``,
+    which a claim that lost a race does when it rolls back to its savepoint; statements
+    prepared here are unknown to psycopg and stay. One the connection lost anyway (a
+    ``DEALLOCATE ALL`` or ``DISCARD ALL`` from elsewhere), or one it has that this process
+    did not know of, is noticed by its error: everything rolls back to the first savepoint,
+    which is why they are taken (the caller's transaction goes on), this process asks the
+    connection which statements it has, and sends them again, prepared as it needs.
 
-    ``each`` are statements run before every ``EXECUTE``; ``preparing(prepare, execute)``
-    the statements that prepare it, the first time (by default the ``PREPARE`` alone; the
-    claim's also plans it, ``_execute_claim``)."""
+    With server-side binding, which cannot send two statements at once, each is sent on its
+    own, and psycopg prepares them."""
+    params: dict = {}
+    for statement in statements:
+        params |= statement.params
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-        _execute(cursor, f"SAVEPOINT {savepoint}", sql, params=params)
-        return
-    name, prepare, execute = _prepared_form(sql, prefix)
+        answers = []
+        for statement in statements:
+            cursor.execute(f"SAVEPOINT {statement.savepoint}")
+            cursor.execute(statement.sql, statement.params)
+            answers.append(cursor.fetchall())
+        return answers
+    forms = [_prepared_form(statement.sql, statement.prefix) for statement in statements]
     known = _prepared.setdefault(connection.connection, set())
     for attempt in range(2):
-        statements = [f"SAVEPOINT {savepoint}", *each, execute]
-        if name not in known:
-            statements[1:1] = preparing(prepare, execute)
+        texts, answers = [], []
+        for statement, (name, prepare, execute) in zip(statements, forms, strict=True):
+            texts += [f"SAVEPOINT {statement.savepoint}", *statement.each]
+            if name not in known:
+                texts += statement.preparing(prepare, execute)
+            answers.append(len(texts))
+            texts.append(execute)
         try:
-            _execute(cursor, *statements, params=params)
+            return _execute(cursor, *texts, params=params, answers=answers)
         except DatabaseError as e:
             state = getattr(e.__cause__, "sqlstate", None)
             if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
                 raise
-            cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
-            if state == _NOT_PREPARED:
-                known.discard(name)
-            else:
-                known.add(name)
-            continue
-        known.add(name)
-        return
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {statements[0].savepoint}")
+            cursor.execute("SELECT name FROM pg_prepared_statements")
+            known.clear()
+            known.update(name for (name,) in cursor.fetchall())
+        else:
+            known.update(name for name, _, _ in forms)
+    raise AssertionError("unreachable")
 
 
-def _execute(cursor, *statements: str, params: dict | None = None) -> None:
-    """Run ``statements`` (the last one with ``params``), leaving the cursor on the last
-    one's result: as one query string, one round trip, with Django's default client-side
-    binding; one by one with server-side binding, which cannot send two at once."""
+def _execute(
+    cursor, *statements: str, params: dict | None = None, answers: list[int] = ()
+) -> list[list[tuple]]:
+    """Run ``statements`` (the last one with ``params``) and return the rows of those at
+    positions ``answers``: as one query string, one round trip, with Django's default
+    client-side binding; one by one with server-side binding, which cannot send two at
+    once."""
+    rows = []
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-        for statement in statements[:-1]:
-            cursor.execute(statement)
-        cursor.execute(statements[-1], params)
-        return
+        for i, statement in enumerate(statements):
+            cursor.execute(statement, params if i == len(statements) - 1 else None)
+            if i in answers:
+                rows.append(cursor.fetchall())
+        return rows
     cursor.execute("; ".join(statements), params)
-    for _ in statements[1:]:
-        cursor.nextset()
+    for i in range(len(statements)):
+        if i:
+            cursor.nextset()
+        if i in answers:
+            rows.append(cursor.fetchall())
+    return rows
 
 
 def _claim_orm(vm: VirtualMachine, placement: Placement, req: Request, now, changes) -> None:

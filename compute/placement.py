@@ -14,7 +14,10 @@ re-checks everything in the caller's transaction:
 
 A claim that loses a race writes nothing; the view refreshes that host and decides again;
 nothing is ever allocated twice, whatever the view said. The VM itself is read under its
-row lock by ``pending_locked``, before the decision.
+row lock by ``pending_locked``, before the decision. A scheduling pass, which has read its
+queue, decides first and sends the lock and the claim in one round trip
+(``pending_claimed``); the claim is kept only where the lock read the VM it was decided
+for.
 
 An RDMA port bound to a host takes one of its virtual functions through ``rdma_vf_claim``
 (network asks; the device rows are compute's to write), by the same conditional UPDATE.
@@ -27,19 +30,26 @@ import threading
 import time
 from collections import Counter
 from enum import Enum
+from typing import NamedTuple
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.query import get_related_populators
+from django.utils import timezone
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, VmState
 from compute.claims import (
     AdmissionToWeigh,
     ClaimConflict,
+    Prepared,
+    claim_failure,
+    claim_statement,
+    claim_undo,
     claim_write,
+    claimed,
     devices_give,
     execute_prepared,
 )
@@ -203,12 +213,16 @@ def pending_locked(pk, *, skip_locked: bool = False) -> VirtualMachine | None:
     related-object populators). Elsewhere it is the ORM's query itself."""
     if connection.vendor != "postgresql":
         return _pending(pk, skip_locked=skip_locked).first()
+    return _compiled_lock(skip_locked).get(pk)
+
+
+def _compiled_lock(skip_locked: bool) -> _CompiledLock:
     compiled = getattr(_compiled_locks, "by_skip_locked", None)
     if compiled is None:
         compiled = _compiled_locks.by_skip_locked = {}
     if skip_locked not in compiled:
         compiled[skip_locked] = _CompiledLock(skip_locked)
-    return compiled[skip_locked].get(pk)
+    return compiled[skip_locked]
 
 
 class _CompiledLock:
@@ -242,11 +256,13 @@ class _CompiledLock:
         self.populators = get_related_populators(klass_info, select, self.db)
         self.converters = compiler.get_converters([s[0] for s in select[: compiler.col_count]])
 
-    def get(self, pk) -> VirtualMachine | None:
+    def statement(self, pk) -> Prepared:
+        """The lock of VM ``pk``, as ``execute_prepared`` runs it; its rows for ``built``."""
         params = self.params | {self.place: self.key.get_db_prep_value(pk, connection)}
-        with connection.cursor() as cursor:
-            execute_prepared(cursor, self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
-            rows = cursor.fetchall()
+        return Prepared(self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
+
+    def built(self, rows: list[tuple]) -> VirtualMachine | None:
+        """The VM (with its related objects) of the lock's ``rows``; None without one."""
         if not rows:
             return None
         if self.converters:
@@ -257,8 +273,101 @@ class _CompiledLock:
             populator.populate(row, vm)
         return vm
 
+    def get(self, pk) -> VirtualMachine | None:
+        with connection.cursor() as cursor:
+            (rows,) = execute_prepared(cursor, self.statement(pk))
+        return self.built(rows)
+
 
 _compiled_locks = threading.local()  # by_skip_locked: {skip_locked: _CompiledLock}, per thread
+
+
+class Queued(NamedTuple):
+    """A pending VM as a scheduling pass's queue read it, unlocked: what a decision for it,
+    the admission condition of its claim and the usage intervals its claim opens depend
+    on. ``queue.values_list(*Queued._fields)`` reads it; ``Queued.of(vm)`` is the same of
+    a VM object, to compare."""
+
+    pk: UUID
+    project_id: int
+    name: str
+    priority: str
+    vcpus: int
+    memory_mib: int
+    gpus: int
+    gpu_model: str
+    disk_gib: int
+    kept_disk: str
+    placement_group_id: int | None
+    lease_id: int | None
+    generation: int
+
+    @classmethod
+    def of(cls, vm: VirtualMachine) -> Queued:
+        return cls._make(getattr(vm, field) for field in cls._fields)
+
+
+def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | None]:
+    """``pending_locked(queued.pk, skip_locked=True)`` and, in the same round trip, the
+    claim of the place this process's view picks for the VM as ``queued`` read it: a
+    scheduling pass's VM is locked and placed in one round trip. Returns the locked VM
+    (None when it is no longer pending, or another transaction holds it) and, when that
+    claim holds, its placement (``vm`` is then updated in place, as ``place`` leaves it);
+    without a placement the caller places the VM (``place``), which decides again.
+
+    The claim is kept only where the lock read the VM that the decision was made for
+    (``Queued.of(vm) == queued``): otherwise, or when it lost a race, or when its
+    admission had something to weigh, it is rolled back and the view forgets its
+    reservation. The claim skips a VM row another transaction holds, as the lock does, so
+    it never waits for one. A VM in a placement group or a lease, or one the view has no
+    room for, is only locked; so is every VM on SQLite."""
+    if (
+        connection.vendor != "postgresql"
+        or queued.placement_group_id is not None
+        or queued.lease_id is not None
+    ):
+        return pending_locked(queued.pk, skip_locked=True), None
+    from compute import guarantees
+
+    req = Request(
+        vcpus=queued.vcpus,
+        memory_mib=queued.memory_mib,
+        gpus=queued.gpus,
+        gpu_model=queued.gpu_model,
+    )
+    with view.lock:
+        scheduler = view.get()
+        try:
+            chosen = scheduler.select(req)
+        except NoValidHost:
+            chosen = None
+        else:
+            scheduler.reserve(chosen, req)
+    lock = _compiled_lock(skip_locked=True)
+    if chosen is None:
+        return lock.get(queued.pk), None
+    claim = claim_statement(
+        queued,
+        chosen,
+        req,
+        at=timezone.now(),
+        admitted_if=guarantees.nothing_to_weigh(queued),
+        skip_locked_vm=True,
+    )
+    with connection.cursor() as cursor:
+        rows, (answer,) = execute_prepared(cursor, lock.statement(queued.pk), claim)
+    vm = lock.built(rows)
+    failure = claim_failure(answer, queued, chosen)
+    if vm is not None and Queued.of(vm) == queued and failure is None:
+        claimed(vm, chosen)
+        _log_placed(vm, chosen)
+        return vm, chosen
+    claim_undo()
+    if vm is not None and isinstance(failure, ClaimConflict):
+        log.info("vm %s: claim on %s lost a race (%s)", vm.pk, chosen.host_name, failure)
+    with view.lock:
+        view.refresh_host(chosen.host_id)  # and forget the reservation
+    return vm, None
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -379,14 +488,7 @@ def place(vm: VirtualMachine) -> Placement:
             if vm.placement_group_id is not None:
                 req = request_for(vm)
             continue
-        log.info(
-            "vm %s placed on %s cell %s gpus %s (generation %d)",
-            vm.pk,
-            placement.host_name,
-            placement.numa_cell,
-            len(placement.device_ids),
-            vm.generation,
-        )
+        _log_placed(vm, placement)
         return placement
     raise NoValidHost(
         req,
@@ -394,6 +496,17 @@ def place(vm: VirtualMachine) -> Placement:
         Counter(),
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
+    )
+
+
+def _log_placed(vm: VirtualMachine, placement: Placement) -> None:
+    log.info(
+        "vm %s placed on %s cell %s gpus %s (generation %d)",
+        vm.pk,
+        placement.host_name,
+        placement.numa_cell,
+        len(placement.device_ids),
+        vm.generation,
     )
 
 

@@ -291,11 +291,13 @@ def transition(vm: VirtualMachine, **changes) -> VirtualMachine:
     return vm
 
 
-def place(vm: VirtualMachine) -> None:
-    """Claim a host for ``vm`` and bind its ports there (raises NoValidHost)."""
+def place(vm: VirtualMachine, *, claimed: bool = False) -> None:
+    """Claim a host for ``vm`` (unless ``claimed``: its claim is written already) and bind
+    its ports there (raises NoValidHost)."""
     from network import services as network
 
-    placement.place(vm)
+    if not claimed:
+        placement.place(vm)
     network.ports_bind(vm)
 
 

@@ -202,11 +202,13 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     queue = pending.order_by("priority", "created_at")
     if no_room:
         queue = queue.exclude(plain_spot & _of_sizes(no_room))
-    for pk, priority, *size, group, lease in queue.values_list(
-        "pk", "priority", *sizes, "placement_group", "lease"
-    )[:limit]:
-        size = tuple(size)
-        plain = priority == Priority.SPOT and group is None and lease is None
+    for queued in map(placement.Queued._make, queue.values_list(*placement.Queued._fields)[:limit]):
+        size = (queued.vcpus, queued.memory_mib, queued.gpus, queued.gpu_model)
+        plain = (
+            queued.priority == Priority.SPOT
+            and queued.placement_group_id is None
+            and queued.lease_id is None
+        )
         if plain and size not in no_room and size not in roomy:
             reason = placement.no_room(_size_request(size))  # the last attempt took room
             if reason:
@@ -215,14 +217,14 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             continue
         roomy.clear()  # an attempt (a claim, a preemption's reservation) changes the view
         with transaction.atomic():
-            vm = placement.pending_locked(pk, skip_locked=True)
+            vm, claimed = placement.pending_claimed(queued)  # locked, and placed if it can be
             if vm is None:
                 continue  # placed, deleted, or now waiting for evictions meanwhile
             try:
-                place(vm)
+                place(vm, claimed=claimed is not None)
             except NoValidHost as e:
                 if vm.state_reason != e.reason[:500]:
-                    VirtualMachine.objects.filter(pk=pk).update(state_reason=e.reason[:500])
+                    VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
                 if plain:
                     no_room[size] = e.reason[:500]
                 if vm.priority == Priority.ON_DEMAND and vm.lease_id is None:

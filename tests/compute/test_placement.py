@@ -5,11 +5,15 @@ with the VM's row locked and nobody else's."""
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 
-from compute import placement, services
-from compute.choices import VmState
-from compute.models import VirtualMachine
+from compute import claims, placement, services
+from compute.choices import DeviceKind, VmState
+from compute.models import Device, Host, VirtualMachine
+from compute.scheduler import NoValidHost
 from tenants import services as tenants
+from tenants.models import UsageRecord
 from tests.factories import make_host, make_project, make_template, make_vm
 from tests.pg import second_connection
 
@@ -132,3 +136,126 @@ def test_it_runs_prepared_and_again_wherever_the_connection_lost_it():
                     "SELECT id FROM compute_virtualmachine WHERE id = %s FOR UPDATE NOWAIT",
                     [vm.pk],
                 )
+
+
+# --- pending_claimed: the lock and the claim in one round trip ---------------------------------
+
+
+def _queued(vm) -> placement.Queued:
+    return placement.Queued.of(VirtualMachine.objects.get(pk=vm.pk))
+
+
+def _held(vm) -> tuple[int, int, int]:
+    """What ``vm`` holds: its GPUs, the vCPUs counted on hosts, its open usage intervals."""
+    host_vcpus = sum(Host.objects.values_list("vcpus_used", flat=True))
+    open_ = UsageRecord.objects.filter(subject_id=str(vm.pk), ended_at__isnull=True).count()
+    return Device.objects.filter(vm_id=vm.pk).count(), host_vcpus, open_
+
+
+def _waiting_vm_and_a_host(gpus=2):
+    project = _project("solo")
+    vm = make_vm(project, make_template(gpus=gpus))  # no host yet: it waits
+    host = make_host("gpu-a")
+    placement.view.invalidate()
+    placement.view.get()  # this process's view, loaded with the host free
+    return vm, host
+
+
+def test_a_queued_vm_is_locked_and_claimed_in_one_round_trip():
+    vm, host = _waiting_vm_and_a_host(gpus=2)
+    queued = _queued(vm)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as sent:
+            got, chosen = placement.pending_claimed(queued)
+        assert len(sent) == 1
+        assert got.pk == vm.pk and chosen.host_id == host.pk
+        assert (got.state, got.host_id, got.generation) == (
+            VmState.PROVISIONING,
+            host.pk,
+            queued.generation + 1,
+        )
+        assert got.project.slug == "solo"  # with its related objects, as pending_locked reads
+    row = VirtualMachine.objects.get(pk=vm.pk)
+    assert (row.state, row.host_id, row.generation) == (
+        VmState.PROVISIONING,
+        host.pk,
+        queued.generation + 1,
+    )
+    assert _held(vm) == (2, 32, 3)  # its GPUs, its vCPUs, and its bill (GPUs, vCPUs, memory)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"vcpus": 8}, {"generation": F("generation") + 1}, {"name": "renamed"}],
+    ids=["resized", "changed", "renamed"],
+)
+def test_a_vm_changed_since_the_queue_read_it_is_locked_but_not_claimed(change):
+    vm, _host = _waiting_vm_and_a_host()
+    queued = _queued(vm)
+    VirtualMachine.objects.filter(pk=vm.pk).update(**change)
+    with transaction.atomic():
+        got, chosen = placement.pending_claimed(queued)
+        assert got.pk == vm.pk and chosen is None
+        assert got.state == VmState.PENDING and got.host_id is None
+        assert _held(vm) == (0, 0, 0)  # the claim made for the VM as it was is undone
+        placement.place(got)  # the caller places it as it is now
+    assert _held(vm) == (2, got.vcpus, 3)
+
+
+def test_a_vm_no_longer_pending_is_neither_returned_nor_claimed():
+    vm, _host = _waiting_vm_and_a_host()
+    queued = _queued(vm)
+    # Unplaced at the generation read: only the lock's conditions tell it is not pending.
+    VirtualMachine.objects.filter(pk=vm.pk).update(state=VmState.ERROR)
+    with transaction.atomic():
+        assert placement.pending_claimed(queued) == (None, None)
+    assert VirtualMachine.objects.get(pk=vm.pk).state == VmState.ERROR
+    assert _held(vm) == (0, 0, 0)
+
+
+def test_a_vm_another_transaction_holds_is_skipped_without_waiting():
+    vm, _host = _waiting_vm_and_a_host()
+    queued = _queued(vm)
+    with second_connection() as other, other.transaction():
+        other.execute("SELECT id FROM compute_virtualmachine WHERE id = %s FOR UPDATE", [vm.pk])
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '5s'")  # waiting would fail the test
+            assert placement.pending_claimed(queued) == (None, None)
+    assert VirtualMachine.objects.get(pk=vm.pk).state == VmState.PENDING
+    assert _held(vm) == (0, 0, 0)
+
+
+def test_a_claim_that_lost_its_host_writes_nothing_and_the_view_forgets_it(caplog):
+    vm, host = _waiting_vm_and_a_host(gpus=8)
+    queued = _queued(vm)
+    Device.objects.filter(host=host, kind=DeviceKind.GPU).update(present=False)  # gone since
+    with transaction.atomic():
+        got, chosen = placement.pending_claimed(queued)
+        assert got.pk == vm.pk and chosen is None
+        assert _held(vm) == (0, 0, 0)
+    assert "lost a race" in caplog.text
+    with pytest.raises(NoValidHost):  # the view was refreshed: the host has no GPUs now
+        placement.view.get().select(placement.request_for(got))
+
+
+def test_it_claims_again_wherever_the_connection_lost_its_statements():
+    project = _project("solo")
+    template = make_template(gpus=1)
+    vms = [make_vm(project, template) for _ in range(4)]
+    make_host("gpu-a")
+    placement.view.invalidate()
+    with transaction.atomic():
+        assert placement.pending_claimed(_queued(vms[0]))[1] is not None
+        with connection.cursor() as cursor:
+            cursor.execute("DEALLOCATE ALL")  # lost in the middle of a transaction
+        assert placement.pending_claimed(_queued(vms[1]))[1] is not None
+    claims._prepared.clear()  # the connection has them, this process does not know
+    with transaction.atomic():
+        assert placement.pending_claimed(_queued(vms[2]))[1] is not None
+    connection.close()  # a fresh connection has none
+    with transaction.atomic():
+        assert placement.pending_claimed(_queued(vms[3]))[1] is not None
+    assert _locks_prepared() == 1
+    for vm in vms:
+        assert _held(vm)[0] == 1 and _held(vm)[2] == 3

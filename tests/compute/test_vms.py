@@ -142,7 +142,9 @@ def test_a_spot_size_the_view_has_no_room_for_is_not_tried_in_a_pass(project, se
     VirtualMachine.objects.filter(pk__in=[v.pk for v in waiting]).update(state_reason="")
     tried = []
     real_place = vm_services.place
-    monkeypatch.setattr(vm_services, "place", lambda vm: (tried.append(vm.pk), real_place(vm)))
+    monkeypatch.setattr(
+        vm_services, "place", lambda vm, **kw: (tried.append(vm.pk), real_place(vm, **kw))
+    )
     cpu = make_vm(project, template=t0, priority=Priority.SPOT)  # placed at once
     tried.clear()
     assert services.vm_schedule_pending() == 0
