@@ -11,11 +11,13 @@ fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2
    loaded by ``compute.placement.load_scheduler``, no database, over DECISIONS requests;
 2. claims: WORKERS processes, each with its own connection and its own cached view (warm
    before the clock starts; reloads when it outlives KUMO_SCHEDULER_VIEW_TTL_S count), place
-   CLAIMS distinct VMs as ``compute.services.vm_schedule_pending`` does: per VM, one
-   transaction that locks the pending VM row with its project, image and placement group
-   (``compute.placement.pending_locked``) and calls ``compute.placement.place`` (decide
-   on the process's possibly stale view, then claim with conditional UPDATEs, retrying lost
-   races). The workers' views do not see each other's claims, so races are real;
+   CLAIMS distinct VMs as ``compute.services.vm_schedule_pending`` does: it reads its
+   queue (QUEUE_READ VMs at a time, timed), then per VM, one transaction that decides on
+   the process's possibly stale view and, in one round trip, locks the pending VM row with
+   its project, image and placement group and claims (``compute.placement
+   .pending_claimed``); where that claim lost a race, ``compute.placement.place`` decides
+   again and claims, retrying lost races. The workers' views do not see each other's
+   claims, so races are real;
 3. plain SQL, the reference: WORKERS processes with bare psycopg connections make the same
    claim for PLAIN_CLAIMS other VMs, placements decided beforehand (untimed) on a fresh
    view: BEGIN; SELECT the VM FOR UPDATE; the conditional UPDATE of the host's counters;
@@ -73,6 +75,7 @@ MEMORY_GIB_PER_GPU = 57
 MIX = {1: 40, 2: 30, 4: 20, 8: 10}  # GPUs per VM: weight
 DECISIONS = 5_000
 WORKERS = 4
+QUEUE_READ = 100  # VMs a scheduling pass reads from its queue at once (its limit)
 CLAIMS = 3_000
 PLAIN_CLAIMS = 3_000
 SINGLE_HOSTS = 1_000
@@ -245,6 +248,8 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
     from django.db import connections, transaction
 
     from compute import placement
+    from compute.choices import VmState
+    from compute.models import VirtualMachine
     from compute.scheduler import NoValidHost
 
     counter = _Counter()
@@ -267,19 +272,25 @@ def kumo_worker(vm_ids: list[str], ready, go, results) -> None:
     go.wait()
     latencies, unplaced, skipped = [], 0, 0
     try:
-        for pk in vm_ids:
-            t0 = time.perf_counter()
-            with transaction.atomic():
-                vm = placement.pending_locked(pk, skip_locked=True)  # as vm_schedule_pending
-                if vm is None:
-                    skipped += 1
-                    continue
-                try:
-                    placement.place(vm)
-                except NoValidHost:
-                    unplaced += 1
-                    continue
-            latencies.append(time.perf_counter() - t0)
+        for first in range(0, len(vm_ids), QUEUE_READ):
+            # A pass's read of its queue, as vm_schedule_pending's (timed, once per batch).
+            queue = VirtualMachine.objects.filter(
+                pk__in=vm_ids[first : first + QUEUE_READ], state=VmState.PENDING
+            ).order_by("priority", "created_at")
+            for queued in map(placement.Queued._make, queue.values_list(*placement.Queued._fields)):
+                t0 = time.perf_counter()
+                with transaction.atomic():
+                    vm, claimed = placement.pending_claimed(queued)  # as vm_schedule_pending
+                    if vm is None:
+                        skipped += 1
+                        continue
+                    if claimed is None:
+                        try:
+                            placement.place(vm)
+                        except NoValidHost:
+                            unplaced += 1
+                            continue
+                latencies.append(time.perf_counter() - t0)
         results.put(
             {
                 "latencies": latencies,
