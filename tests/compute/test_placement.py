@@ -3,6 +3,7 @@ PostgreSQL its SQL is compiled once and runs prepared, and it answers exactly wh
 query answers (every column, the same related objects, None where the ORM finds nothing),
 with the VM's row locked and nobody else's."""
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.db.models import F
@@ -259,3 +260,30 @@ def test_it_claims_again_wherever_the_connection_lost_its_statements():
     assert _locks_prepared() == 1
     for vm in vms:
         assert _held(vm)[0] == 1 and _held(vm)[2] == 3
+
+
+def test_with_server_side_binding_each_statement_goes_on_its_own_and_claims_the_same(
+    monkeypatch,
+):
+    project = _project("solo")
+    template = make_template(gpus=1)
+    kept, changed = make_vm(project, template), make_vm(project, template)
+    make_host("gpu-a")
+    connection.close()
+    options = {**connection.settings_dict.get("OPTIONS", {}), "server_side_binding": True}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    try:
+        placement.view.invalidate()
+        placement.view.get()
+        assert not isinstance(connection.connection.cursor(), psycopg.ClientCursor)
+        queued = _queued(changed)
+        VirtualMachine.objects.filter(pk=changed.pk).update(name="renamed")
+        with transaction.atomic():
+            got, chosen = placement.pending_claimed(_queued(kept))
+            assert got.pk == kept.pk and chosen is not None
+            got, chosen = placement.pending_claimed(queued)
+            assert got.pk == changed.pk and chosen is None  # undone, one statement at a time
+        assert _held(kept)[0::2] == (1, 3)
+        assert _held(changed)[0::2] == (0, 0)
+    finally:
+        connection.close()  # the next connection is made with the settings restored
