@@ -204,10 +204,10 @@ def claim_statement(
         "host": placement.host_id,
         "vcpus": req.vcpus,
         "memory": req.memory_mib,
-        "devices": list(placement.device_ids),
+        "devices": _bigint_array(placement.device_ids),
         "device_count": len(placement.device_ids),
         "lease": vm.lease_id,
-        "vm": vm.pk,
+        "vm": str(vm.pk),  # a str: psycopg dumps a UUID in Python
         "generation": vm.generation,
         "cell": placement.numa_cell,
         "rack": placement.rack,
@@ -221,6 +221,12 @@ def claim_statement(
         each=(_GENERIC,),
         preparing=_preparing_claim,
     )
+
+
+def _bigint_array(ids) -> str:
+    """``ids`` as PostgreSQL's literal of an array: the statement's parameter is a
+    ``bigint[]``, and psycopg would dump a list in Python, item by item, with every claim."""
+    return "{" + ",".join(str(int(i)) for i in ids) + "}"
 
 
 def claim_failure(answer: tuple, vm, placement: Placement) -> Exception | None:

@@ -258,7 +258,8 @@ class _CompiledLock:
 
     def statement(self, pk) -> Prepared:
         """The lock of VM ``pk``, as ``execute_prepared`` runs it; its rows for ``built``."""
-        params = self.params | {self.place: self.key.get_db_prep_value(pk, connection)}
+        # The key as a str: psycopg dumps a UUID in Python.
+        params = self.params | {self.place: str(self.key.get_db_prep_value(pk, connection))}
         return Prepared(self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
 
     def built(self, rows: list[tuple]) -> VirtualMachine | None:
