@@ -354,7 +354,7 @@ def execute_prepared(cursor, *statements: Prepared) -> list[list[tuple]]:
             answers.append(len(texts))
             texts.append(execute)
         try:
-            return _execute(cursor, *texts, params=params, answers=answers)
+            rows = _execute(cursor, *texts, params=params, answers=answers)
         except DatabaseError as e:
             state = getattr(e.__cause__, "sqlstate", None)
             if state not in (_NOT_PREPARED, _ALREADY_PREPARED) or attempt:
@@ -363,9 +363,10 @@ def execute_prepared(cursor, *statements: Prepared) -> list[list[tuple]]:
             cursor.execute("SELECT name FROM pg_prepared_statements")
             known.clear()
             known.update(name for (name,) in cursor.fetchall())
-        else:
-            known.update(name for name, _, _ in forms)
-    raise AssertionError("unreachable")
+            continue
+        known.update(name for name, _, _ in forms)
+        return rows
+    raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 def _execute(

@@ -243,11 +243,20 @@ def test_a_claim_that_lost_its_host_writes_nothing_and_the_view_forgets_it(caplo
 def test_it_claims_again_wherever_the_connection_lost_its_statements():
     project = _project("solo")
     template = make_template(gpus=1)
-    vms = [make_vm(project, template) for _ in range(4)]
+    vms = [make_vm(project, template) for _ in range(5)]
     make_host("gpu-a")
     placement.view.invalidate()
+    placement.view.get()
+    connection.close()  # a fresh connection: the first claim prepares, the next ones do not
     with transaction.atomic():
-        assert placement.pending_claimed(_queued(vms[0]))[1] is not None
+        with CaptureQueriesContext(connection) as sent:
+            assert placement.pending_claimed(_queued(vms[0]))[1] is not None
+        assert "PREPARE" in sent[-1]["sql"]
+    queued = _queued(vms[4])
+    with transaction.atomic(), CaptureQueriesContext(connection) as sent:
+        assert placement.pending_claimed(queued)[1] is not None
+    assert len(sent) == 1 and "PREPARE" not in sent[0]["sql"]
+    with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("DEALLOCATE ALL")  # lost in the middle of a transaction
         assert placement.pending_claimed(_queued(vms[1]))[1] is not None
