@@ -423,7 +423,7 @@ class Replay:
         record = _Vm(job=job, vm_id=str(vm.pk))
         self.vms[record.vm_id] = record
         self._wait(record)
-        if job.priority == "on_demand":  # a spot request never gives notices
+        if vm.reserved_host_id:  # it gave spot VMs notice (a spot request never does)
             self._after_decisions()
 
     def _on_lease_tick(self) -> None:
