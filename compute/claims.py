@@ -107,7 +107,12 @@ class ClaimConflict(Exception):
 class AdmissionToWeigh(Exception):
     """The claim's admission condition did not hold (a guarantee or a lease to weigh):
     nothing was written. Ask ``compute.guarantees.admission_refusal``, then claim again
-    without the condition."""
+    without the condition. ``room_held``: the host and its GPUs still had the room the
+    view saw (False when the claim found them taken too: the view was stale as well)."""
+
+    def __init__(self, room_held: bool = True):
+        super().__init__()
+        self.room_held = room_held
 
 
 def devices_give(device_ids, vm_id: UUID, **where) -> int:
@@ -236,7 +241,7 @@ def claim_failure(answer: tuple, vm, placement: Placement) -> Exception | None:
     if host == 1 and devices == len(placement.device_ids) and vm_rows == 1 and admitted:
         return None
     if not admitted:
-        return AdmissionToWeigh()
+        return AdmissionToWeigh(room_held=host == 1 and devices == len(placement.device_ids))
     if not host:
         return ClaimConflict(f"host {placement.host_name} no longer has the room")
     if devices != len(placement.device_ids):

@@ -3,6 +3,8 @@ PostgreSQL its SQL is compiled once and runs prepared, and it answers exactly wh
 query answers (every column, the same related objects, None where the ORM finds nothing),
 with the VM's row locked and nobody else's."""
 
+from unittest import mock
+
 import psycopg
 import pytest
 from django.db import connection, transaction
@@ -236,6 +238,62 @@ def test_a_claim_that_lost_its_host_writes_nothing_and_the_view_forgets_it(caplo
         assert got.pk == vm.pk and chosen is None
         assert _held(vm) == (0, 0, 0)
     assert "lost a race" in caplog.text
+    with pytest.raises(NoValidHost):  # the view was refreshed: the host has no GPUs now
+        placement.view.get().select(placement.request_for(got))
+
+
+def _seen(scheduler, host) -> tuple:
+    """What ``scheduler`` counts free on ``host``: vCPUs, memory and GPUs by cell."""
+    view = scheduler.hosts[host.pk]
+    cells = {cell: sorted(ids) for cell, ids in view.cells.items()}
+    return view.vcpus_free, view.memory_mib_free, cells
+
+
+def _guarantee_elsewhere():
+    """Another project's guaranteed minimum: every on-demand claim has it to weigh."""
+    services.guarantee_set(
+        project=_project("guaranteed"), min_gpus=1, gpu_model=make_template(gpus=1).gpu_model
+    )
+
+
+def test_a_claim_with_an_admission_to_weigh_gives_back_its_reservation_unread():
+    """The claim wrote nothing and the room it counted on held: the view takes back its
+    reservation in memory, and is then what a fresh load sees, without reading the host."""
+    vm, host = _waiting_vm_and_a_host(gpus=2)
+    _guarantee_elsewhere()
+    queued = _queued(vm)
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as sent:
+            got, chosen = placement.pending_claimed(queued)
+        assert got.pk == vm.pk and chosen is None
+        assert len(sent) == 2  # the lock and the claim, then the claim's undo
+        assert _held(vm) == (0, 0, 0)
+        assert _seen(placement.view.get(), host) == _seen(placement.load_scheduler(), host)
+        placement.place(got)  # weighed, admitted: placed as before
+    assert _held(vm) == (2, got.vcpus, 3)
+
+
+def test_place_weighs_the_admission_without_reading_the_host_again():
+    vm, host = _waiting_vm_and_a_host(gpus=2)
+    _guarantee_elsewhere()
+    with transaction.atomic():
+        vm = placement.pending_locked(vm.pk)
+        with mock.patch.object(placement, "_host_views", wraps=placement._host_views) as read:
+            chosen = placement.place(vm)
+        assert chosen.host_id == host.pk and not read.called
+    assert _held(vm) == (2, vm.vcpus, 3)
+    assert _seen(placement.view.get(), host) == _seen(placement.load_scheduler(), host)
+
+
+def test_a_claim_with_an_admission_to_weigh_on_a_stale_view_reads_the_host_again():
+    """The claim also found the host's GPUs gone: the view was wrong, and is read again."""
+    vm, host = _waiting_vm_and_a_host(gpus=8)
+    _guarantee_elsewhere()
+    queued = _queued(vm)
+    Device.objects.filter(host=host, kind=DeviceKind.GPU).update(present=False)  # gone since
+    with transaction.atomic():
+        got, chosen = placement.pending_claimed(queued)
+        assert got.pk == vm.pk and chosen is None
     with pytest.raises(NoValidHost):  # the view was refreshed: the host has no GPUs now
         placement.view.get().select(placement.request_for(got))
 
