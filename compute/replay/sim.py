@@ -393,8 +393,26 @@ class Replay:
                 done += kind == "submit"
                 self.handled += 1
                 if kind == "sample" and int(t) % 86400 < self.sample_s:
-                    self.progress(f"day {t / 86400:.0f}: {done} jobs submitted")
+                    self.progress(self._so_far(t, done, time.monotonic() - wall))
         return self._figures(time.monotonic() - wall)
+
+    def _so_far(self, t: float, done: int, wall_s: float) -> str:
+        """A day's progress line, with the figures so far: a long replay stopped early still
+        says what it measured."""
+        figures = self._figures(wall_s)
+        keys = (
+            "goodput_while_spot_waits",
+            "spot_waits_days",
+            "evictions",
+            "evictions_full_notice",
+            "on_demand_wait_p99_s",
+            "guarantees_honoured",
+            "leases_honoured",
+            "wall_s",
+        )
+        return f"day {t / 86400:.0f}: {done} jobs submitted; so far " + ", ".join(
+            f"{key} {figures[key]}" for key in keys
+        )
 
     def _after_decisions(self) -> None:
         """Notices given by the last service call: reap each at its deadline."""

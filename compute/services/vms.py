@@ -236,9 +236,14 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             send_apply(vm, operation_id=current_operation(vm))
             placed += 1
     for size, reason in no_room.items():
-        pending.filter(plain_spot & _of_sizes([size])).exclude(state_reason=reason).update(
-            state_reason=reason
-        )
+        # Told once: a VM already waiting for want of room for its size keeps the reason it
+        # was told, though the counts in it (hosts up, hosts turned away) move with claims,
+        # releases and hand-overs. Rewriting them at every move would write every row of a
+        # long queue at every pass.
+        told = reason.split(": ", 1)[0]
+        pending.filter(plain_spot & _of_sizes([size])).exclude(
+            state_reason__startswith=told
+        ).update(state_reason=reason)
     return placed
 
 

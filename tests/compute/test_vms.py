@@ -174,6 +174,25 @@ def test_a_small_spot_vm_behind_a_full_pass_of_sizes_without_room_is_placed(proj
     assert len(reasons) == 1 and "8 A100-SXM4-40GB GPUs" in reasons.pop()
 
 
+def test_a_queue_told_why_it_waits_is_not_written_again_as_the_counts_move(project, sent):
+    """A waiting spot VM keeps the reason it was told while only the counts in it move (a
+    host more, one turned away): a pass over a long queue writes no row of it again. A VM
+    waiting for another reason is told this one."""
+    make_host("gpu-a")
+    t8 = make_template(name="g8", gpus=8)
+    make_vm(project, name="od", template=t8)  # the host is full
+    spot = Priority.SPOT
+    queued = [make_vm(project, name=f"q-{n}", template=t8, priority=spot) for n in range(3)]
+    told = fresh(queued[0]).state_reason
+    assert told.startswith("no host has") and "1 hosts up" in told
+    VirtualMachine.objects.filter(pk=queued[2].pk).update(state_reason="waiting for capacity")
+    make_host("cpu-a", kind="cpu")  # one host more: the counts of the reason move
+    assert services.vm_schedule_pending() == 0
+    assert [fresh(v).state_reason for v in queued[:2]] == [told, told]
+    now_told = fresh(queued[2]).state_reason
+    assert now_told.startswith("no host has") and "2 hosts up" in now_told
+
+
 def test_not_waiting_answers_409_and_creates_nothing(project, sent):
     make_host(kind="cpu")
     with pytest.raises(Conflict) as e:
