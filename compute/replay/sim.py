@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from compute.replay.database import vacuum_as_autovacuum_would
 from compute.replay.trace import Job
 
 log = logging.getLogger(__name__)
@@ -390,6 +391,8 @@ class Replay:
                 self._advance(t)
                 getattr(self, f"_on_{kind}")(*data)
                 self._drain()
+                if kind == "sample":
+                    vacuum_as_autovacuum_would()  # as it would on a running Kumo
                 done += kind == "submit"
                 self.handled += 1
                 if kind == "sample" and int(t) % 86400 < self.sample_s:

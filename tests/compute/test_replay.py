@@ -137,3 +137,30 @@ def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_
     assert figures["on_demand_wait_p99_s"] == 0.0  # its lease's GPUs were free at its submit
     with pytest.raises(CommandError, match="PROJECT=GPUS@START_S-END_S"):
         call_command("replay", str(tmp_path / "trace.csv"), "--lease", "lab-c=eight")
+
+
+@pytest.mark.postgres
+def test_the_replay_vacuums_what_autovacuum_would_take():
+    """A replay runs days in minutes: it vacuums (and analyzes) the tables autovacuum would
+    take, and only those."""
+    from django.db import connection
+
+    from compute.models import Host
+    from compute.replay.database import vacuum_as_autovacuum_would
+    from tests.factories import make_host
+
+    host = make_host("gpu-a")
+    vacuum_as_autovacuum_would()  # whatever the tests before left due
+    for n in range(300):  # 300 dead versions of one live row: past any threshold
+        Host.objects.filter(pk=host.pk).update(vcpus_used=n % 2)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, now
+    assert vacuum_as_autovacuum_would() == [Host._meta.db_table]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_dead_tup, last_vacuum IS NOT NULL, last_analyze IS NOT NULL"
+            " FROM pg_stat_user_tables WHERE relname = %s",
+            [Host._meta.db_table],
+        )
+        assert cursor.fetchone() == (0, True, True)
+    assert vacuum_as_autovacuum_would() == []
