@@ -149,12 +149,16 @@ def test_the_replay_vacuums_what_autovacuum_would_take():
     from compute.replay.database import vacuum_as_autovacuum_would
     from tests.factories import make_host
 
+    def counted():
+        with connection.cursor() as cursor:  # this backend's counts, at its next idle
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+
     host = make_host("gpu-a")
-    vacuum_as_autovacuum_would()  # whatever the tests before left due
+    counted()
+    vacuum_as_autovacuum_would()  # whatever the rows made so far left due
     for n in range(300):  # 300 dead versions of one live row: past any threshold
         Host.objects.filter(pk=host.pk).update(vcpus_used=n % 2)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")  # this backend's counts, now
+    counted()
     assert vacuum_as_autovacuum_would() == [Host._meta.db_table]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -163,4 +167,5 @@ def test_the_replay_vacuums_what_autovacuum_would_take():
             [Host._meta.db_table],
         )
         assert cursor.fetchone() == (0, True, True)
+    counted()
     assert vacuum_as_autovacuum_would() == []
