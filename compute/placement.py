@@ -180,14 +180,19 @@ class _CachedView:
         for view in views:
             self.scheduler.add(view)
 
-    def unreserve(self, scheduler: Scheduler, placement: Placement, req: Request) -> None:
-        """Give back what ``scheduler`` reserved for a claim that wrote nothing because its
-        admission had something to weigh while the room it counted on held
-        (``AdmissionToWeigh.room_held``): unlike a lost race, it did not show the view
-        wrong, so the host is not read again. A view loaded since holds no such
-        reservation."""
-        if self.scheduler is scheduler:
-            scheduler.unreserve(placement, req)
+    def forget(
+        self, scheduler: Scheduler, placement: Placement, req: Request, failure: Exception | None
+    ) -> None:
+        """Forget what ``scheduler`` reserved for a claim that failed with ``failure``. A
+        claim that wrote nothing because its admission had something to weigh, while the
+        room it counted on held (``AdmissionToWeigh.room_held``), did not show the view
+        wrong: the reservation is given back in memory (a view loaded since holds none).
+        Otherwise the host is read again."""
+        if isinstance(failure, AdmissionToWeigh) and failure.room_held:
+            if self.scheduler is scheduler:
+                scheduler.unreserve(placement, req)
+        else:
+            self.refresh_host(placement.host_id)
 
     def invalidate(self) -> None:
         self.scheduler = None
@@ -376,10 +381,7 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
     if vm is not None and isinstance(failure, ClaimConflict):
         log.info("vm %s: claim on %s lost a race (%s)", vm.pk, chosen.host_name, failure)
     with view.lock:
-        if isinstance(failure, AdmissionToWeigh) and failure.room_held:
-            view.unreserve(scheduler, chosen, req)
-        else:
-            view.refresh_host(chosen.host_id)  # and forget the reservation
+        view.forget(scheduler, chosen, req, failure)
     return vm, None
 
 
@@ -492,10 +494,7 @@ def place(vm: VirtualMachine) -> Placement:
             claim(vm, placement, req, admitted_if=admitted_if)
         except (ClaimConflict, AdmissionToWeigh) as e:
             with view.lock:
-                if isinstance(e, AdmissionToWeigh) and e.room_held:
-                    view.unreserve(scheduler, placement, req)
-                else:
-                    view.refresh_host(placement.host_id)  # and forget the reservation
+                view.forget(scheduler, placement, req, e)
             if isinstance(e, AdmissionToWeigh):
                 _raise_if_refused(vm, req)
                 admitted_if = None
