@@ -26,6 +26,7 @@ An RDMA port bound to a host takes one of its virtual functions through ``rdma_v
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections import Counter
@@ -153,7 +154,20 @@ def load_scheduler(*, sample: int | None = None) -> Scheduler:
         _host_views(_open_hosts()),
         excluded=excluded,
         sample=sample or settings.SCHEDULER_SAMPLE,
+        rng=_rng(),
     )
+
+
+def _rng() -> random.Random | None:
+    """The scheduler's random start among equally good hosts: seeded only by the replay."""
+    seed = settings.SCHEDULER_SEED
+    return None if seed is None else random.Random(seed)
+
+
+def view_clock() -> float:
+    """Seconds by which the views of this process (hosts here, evictable spot VMs in
+    ``compute.services.spot``) age: monotonic time; the replay's simulated time."""
+    return time.monotonic()
 
 
 class _CachedView:
@@ -165,11 +179,11 @@ class _CachedView:
         self.loaded_at = 0.0
 
     def get(self, *, fresh: bool = False) -> Scheduler:
-        age = time.monotonic() - self.loaded_at
+        age = view_clock() - self.loaded_at
         fresh = fresh and age > settings.SCHEDULER_FRESH_AFTER_S
         if fresh or self.scheduler is None or age > settings.SCHEDULER_VIEW_TTL_S:
             self.scheduler = load_scheduler()
-            self.loaded_at = time.monotonic()
+            self.loaded_at = view_clock()
         return self.scheduler
 
     def refresh_host(self, host_id: int) -> None:
@@ -558,7 +572,7 @@ def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
     hosts = Host.objects.filter(
         state=HostState.UP, pk__in=Device.objects.filter(lease_id=vm.lease_id).values("host_id")
     )
-    scheduler = Scheduler(_host_views(hosts, lease_id=vm.lease_id))
+    scheduler = Scheduler(_host_views(hosts, lease_id=vm.lease_id), rng=_rng())
     try:
         chosen = scheduler.select(req)
     except NoValidHost as e:

@@ -304,6 +304,10 @@ SCHEDULER_FRESH_AFTER_S = float(os.environ.get("KUMO_SCHEDULER_FRESH_AFTER_S", "
 GPU_HOST_CPU_RESERVE = float(os.environ.get("KUMO_GPU_HOST_CPU_RESERVE", "1"))
 # KUMO_SCHEDULER_SAMPLE: how many hosts that pass the filters are weighed per decision.
 SCHEDULER_SAMPLE = int(os.environ.get("KUMO_SCHEDULER_SAMPLE", "16"))
+# Where a scheduler starts among equally good GPU hosts is random (None): concurrent
+# processes then fill different hosts. The replay seeds it, so that one trace replayed twice
+# gives the same figures. Not an environment setting: processes seeded alike collide.
+SCHEDULER_SEED: int | None = None
 # KUMO_VM_STOP_GRACE_S: seconds a guest has to shut down when stopped before it is forced off.
 VM_STOP_GRACE_S = float(os.environ.get("KUMO_VM_STOP_GRACE_S", "60"))
 # KUMO_VM_OPERATION_DEADLINE_S: a VM provisioning, starting, stopping or rebooting this long

@@ -45,6 +45,7 @@ import heapq
 import itertools
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -54,6 +55,19 @@ from compute.replay.trace import Job
 log = logging.getLogger(__name__)
 
 EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
+
+
+@contextmanager
+def _fresh_views(*views):
+    """The process's cached views start empty and are left empty: none outlives the
+    database or the clock it was read with."""
+    for v in views:
+        v.invalidate()
+    try:
+        yield
+    finally:
+        for v in views:
+            v.invalidate()
 
 
 @dataclass
@@ -114,9 +128,11 @@ class Replay:
         leases: list[dict] | None = None,
         sample_s: float = 600.0,
         schedule_limit: int = 100,  # as many as the beat's pass tries
+        seed: int = 0,  # the scheduler's start among equally good hosts
         progress=None,
     ):
         self.schedule_limit = schedule_limit
+        self.seed = seed
         self.handled = 0  # events handled
         self.jobs = jobs
         self.gpu_hosts, self.cpu_hosts = gpu_hosts, cpu_hosts
@@ -367,15 +383,26 @@ class Replay:
         from django.test import override_settings
         from django.utils import timezone
 
+        from compute import placement
+        from compute.services import spot
         from controlplane.celery import app
 
         wall = time.monotonic()
         with (
             mock.patch.object(timezone, "now", self.now),
             mock.patch.object(app, "send_task", self._capture),
-            # One process: its view of the hosts follows every claim and release it makes,
-            # so a request that does not fit need not reload it to be sure.
-            override_settings(SCHEDULER_FRESH_AFTER_S=3600.0),
+            # The views of the hosts and of the evictable spot VMs age in simulated time,
+            # and the scheduler's random start is seeded: a trace replayed twice gives the
+            # same figures. One process: its views follow every claim and release it makes,
+            # so they are reloaded every ten simulated minutes, and a request that does not
+            # fit need not reload them to be sure.
+            mock.patch.object(placement, "view_clock", lambda: self.now_s),
+            override_settings(
+                SCHEDULER_VIEW_TTL_S=600.0,
+                SCHEDULER_FRESH_AFTER_S=3600.0,
+                SCHEDULER_SEED=self.seed,
+            ),
+            _fresh_views(placement.view, spot.index),
         ):
             self._setup()
             for job in self.jobs:

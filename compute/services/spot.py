@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -203,10 +202,10 @@ class _EvictableIndex:
         """Read what changed since the last read (or everything, when the TTL is over)."""
         now = timezone.now()
         spot = VirtualMachine.objects.filter(priority=Priority.SPOT)
-        expired = time.monotonic() - self.loaded_at > settings.SCHEDULER_VIEW_TTL_S
+        expired = placement.view_clock() - self.loaded_at > settings.SCHEDULER_VIEW_TTL_S
         if self.read_at is None or expired:
             self.invalidate()
-            self.loaded_at = time.monotonic()
+            self.loaded_at = placement.view_clock()
             self._read(spot.filter(state__in=EVICTABLE, task_state=VmTask.NONE, host__isnull=False))
         else:
             self._read(spot.filter(updated_at__gte=self.read_at - SYNC_SLACK))
