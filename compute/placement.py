@@ -41,7 +41,7 @@ from django.db.models.query import get_related_populators
 from django.utils import timezone
 
 from compute import leases
-from compute.choices import DeviceKind, HostState, VmState
+from compute.choices import DeviceKind, HostState, Priority, VmState
 from compute.claims import (
     AdmissionToWeigh,
     ClaimConflict,
@@ -115,10 +115,11 @@ def _host_views(hosts, *, lease_id: int | None = None) -> list[HostView]:
         for row in rows
     }
     gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
-    for host_id, device_id, cell, model, vm_id, held_for in gpus.values_list(
-        "host_id", "id", "numa_node", "model", "vm_id", "lease_id"
+    for host_id, device_id, cell, model, vm_id, held_for, priority in gpus.values_list(
+        "host_id", "id", "numa_node", "model", "vm_id", "lease_id", "vm__priority"
     ).order_by():
         host = views[host_id]
+        host.gpus_on_demand += priority == Priority.ON_DEMAND
         cell = cell if cell is not None else 0
         host.gpu_model = model
         host.cell_sizes[cell] = host.cell_sizes.get(cell, 0) + 1
@@ -426,6 +427,7 @@ def request_for(vm: VirtualMachine, *, group_locked: bool = False) -> Request:
         group_policy=policy,
         group_hosts=hosts,
         group_racks=racks,
+        on_demand=vm.priority == Priority.ON_DEMAND,
     )
 
 

@@ -11,11 +11,14 @@ The rule, for one request:
 * Victims all come from one host, which then fits the request as placement requires it:
   1-4 GPUs from one NUMA cell, more take the whole node, the vCPUs and memory free, the GPU
   model and the placement group's policy honoured.
-* Of every such set the best has the fewest VMs, then the youngest (the least run time
-  lost: the largest sum of start times). The count is exact: within one cell, the fewest
-  VMs that free ``need`` GPUs are the largest first, and every set of that size is then
-  compared by age. vCPUs and memory short after the GPUs are freed are covered by the
-  largest CPU-only candidates of the host, greedily.
+* Of every such set the best has the fewest VMs, then, for a request that takes part of
+  a node, is on a host that some GPU no eviction frees (an on-demand VM's, say) already
+  keeps from whole-node requests (so on-demand work gathers on fewer hosts, and a
+  whole-node on-demand request still finds a host that evictions can empty), then the
+  youngest (the least run time lost: the largest sum of start times). The count is
+  exact: within one cell, the fewest VMs that free ``need`` GPUs are the largest first, and
+  every set of that size is then compared by age. vCPUs and memory short after the GPUs
+  are freed are covered by the largest CPU-only candidates of the host, greedily.
 
 Speed: a host's candidates are few (at most one per GPU plus its CPU-only VMs), so a host
 costs a sort and a handful of combinations, and few hosts are searched at all. Every host
@@ -73,8 +76,20 @@ class _Best:
         return self.key[0]
 
 
-def _key(victims: Sequence[Candidate]) -> tuple:
-    return (len(victims), -sum(v.started for v in victims))
+def _key(victims: Sequence[Candidate], spoils: int) -> tuple:
+    return (len(victims), spoils, -sum(v.started for v in victims))
+
+
+def _spoils(host: HostView, cands: Sequence[Candidate], req: Request) -> int:
+    """1 when evicting on ``host`` for ``req`` would spoil a host that a whole-node request
+    could still have by eviction (its every GPU free or held by a candidate), else 0. Of
+    equally few victims, a host already pinned by GPUs no eviction frees (on-demand VMs,
+    a guarantee's spot VMs) is taken first: on-demand work gathers on fewer hosts, and a
+    whole-node on-demand request still finds a host that evictions can empty."""
+    if not req.gpus or req.gpus > max(host.cell_sizes.values(), default=0):
+        return 0
+    free = sum(map(len, host.cells.values()))
+    return int(free + sum(c.gpus for c in cands) >= host.gpus_total)
 
 
 def _fewest_covering(cands: Sequence[Candidate], need: int) -> int | None:
@@ -108,7 +123,7 @@ def _add_cpu(
 
 
 def _on_host(
-    host: HostView, cands: Sequence[Candidate], req: Request, best: _Best
+    host: HostView, cands: Sequence[Candidate], req: Request, best: _Best, spoils: int = 0
 ) -> tuple[Candidate, ...] | None:
     """The best victim set on ``host`` no larger than ``best``'s, or ``None``."""
     if req.gpus and req.gpu_model and host.gpu_model != req.gpu_model:
@@ -155,8 +170,8 @@ def _on_host(
         for combo in options:
             original = tuple(_original(c, with_gpus) for c in combo)
             victims = _add_cpu(host, req, original, cpu_only)
-            if victims is not None and _key(victims) < found_key:
-                found, found_key = victims, _key(victims)
+            if victims is not None and _key(victims, spoils) < found_key:
+                found, found_key = victims, _key(victims, spoils)
     return found
 
 
@@ -198,7 +213,7 @@ def lower_bound(host: HostView, cands: Sequence[Candidate], req: Request) -> flo
     return math.ceil((req.gpus - free) / biggest) if biggest else math.inf
 
 
-def _first_key(host: HostView, cands: Sequence[Candidate], req: Request) -> tuple:
+def _first_key(host: HostView, cands: Sequence[Candidate], req: Request, spoils: int) -> tuple:
     """The cheapest key no set on ``host`` can beat, for ordering every host: none needed
     if its free GPUs (or, for a CPU request, its room) could do, else one at least, as young
     as its youngest candidate. No higher than ``optimistic_key``."""
@@ -206,17 +221,17 @@ def _first_key(host: HostView, cands: Sequence[Candidate], req: Request) -> tupl
         room = sum(map(len, host.cells.values())) >= req.gpus
     else:
         room = host.vcpus_free >= req.vcpus and host.memory_mib_free >= req.memory_mib
-    return (0, 0) if room else (1, -max([c.started for c in cands]))
+    return (0, spoils, 0) if room else (1, spoils, -max([c.started for c in cands]))
 
 
-def optimistic_key(bound: float, cands: Sequence[Candidate]) -> tuple:
+def optimistic_key(bound: float, cands: Sequence[Candidate], spoils: int) -> tuple:
     """A key no victim set of ``bound`` or more of ``cands`` can beat: ``bound`` VMs, as
     young as its ``bound`` youngest candidates."""
     if not bound:
-        return (0, 0)
+        return (0, spoils, 0)
     if bound == 1:
-        return (1, -max([c.started for c in cands]))
-    return (bound, -sum(heapq.nlargest(int(bound), [c.started for c in cands])))
+        return (1, spoils, -max([c.started for c in cands]))
+    return (bound, spoils, -sum(heapq.nlargest(int(bound), [c.started for c in cands])))
 
 
 def choose_victims(
@@ -233,17 +248,18 @@ def choose_victims(
     for host in hosts:
         cands = candidates.get(host.id)
         if cands:
-            staged.append((_first_key(host, cands, req), host.id, host, cands))
+            spoils = _spoils(host, cands, req)
+            staged.append((_first_key(host, cands, req, spoils), host.id, host, cands, spoils))
     staged.sort(key=lambda item: (item[0], item[1]))
-    for first, _id, host, cands in staged:
+    for first, _id, host, cands, spoils in staged:
         if first > best.key:
             break  # no set on this host or any after it beats the best one
         bound = lower_bound(host, cands, req)
-        if bound == math.inf or optimistic_key(bound, cands) > best.key:
+        if bound == math.inf or optimistic_key(bound, cands, spoils) > best.key:
             continue
-        victims = _on_host(host, cands, req, best)
-        if victims and _key(victims) < best.key:
-            best = _Best(_key(victims), host, victims)
+        victims = _on_host(host, cands, req, best, spoils)
+        if victims and _key(victims, spoils) < best.key:
+            best = _Best(_key(victims, spoils), host, victims)
     if best.host is None:
         return None
     return Preemption(

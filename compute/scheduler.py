@@ -8,7 +8,10 @@ The rules:
 * 1 to 4 GPUs come from one NUMA cell (the vCPUs are pinned to it); more take a whole
   node (8 on an 8-GPU host).
 * GPU VMs pack: the host and cell with the fewest free GPUs that still fit, so whole
-  nodes stay free for 8-GPU VMs. CPU VMs spread (most free vCPUs) and keep off GPU hosts
+  nodes stay free for 8-GPU VMs. On-demand VMs of 1 to 4 GPUs go first to hosts already
+  "pinned" (some GPU held by an on-demand VM or a lease, which no eviction frees), so
+  that the hosts holding only spot VMs stay hosts that evictions can empty for an 8-GPU
+  on-demand VM. CPU VMs spread (most free vCPUs) and keep off GPU hosts
   while CPU hosts have room; on a GPU host they take only what its free GPUs do not need
   (``gpu_reserve_filter``), so no GPU is ever stranded by CPU work.
 * Placement groups: affinity (the members' host), anti-affinity (a host with no member),
@@ -85,6 +88,8 @@ class HostView:
     memory_mib_per_gpu: int = 0
     # Free GPUs a lease holds: not this view's to give, but CPU VMs leave them their share.
     gpus_held: int = 0
+    # GPUs held by on-demand VMs: no eviction frees them.
+    gpus_on_demand: int = 0
 
     @property
     def gpus_total(self) -> int:
@@ -97,6 +102,12 @@ class HostView:
     def pattern(self) -> tuple[int, ...]:
         """Free GPUs per cell, in cell order: the key of the GPU index."""
         return tuple(len(self.cells[cell]) for cell in sorted(self.cells))
+
+    @property
+    def pinned(self) -> bool:
+        """Whether some GPU here is held by what no eviction frees (an on-demand VM, a
+        lease): evicting spot VMs cannot empty this host for a whole-node request."""
+        return bool(self.gpus_on_demand or self.gpus_held)
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,7 @@ class Request:
     group_policy: str = ""
     group_hosts: frozenset[int] = frozenset()
     group_racks: frozenset[str] = frozenset()
+    on_demand: bool = False  # an on-demand VM's: no eviction frees what it takes
 
 
 @dataclass(frozen=True)
@@ -221,12 +233,16 @@ FILTER_REASONS = {
 
 def pack_gpus_weigher(host: HostView, req: Request) -> float:
     """GPU VMs: the tightest cell first (fewest free GPUs that still fit), then the host
-    with the fewest free GPUs: whole cells and whole nodes stay whole."""
+    with the fewest free GPUs: whole cells and whole nodes stay whole. Of hosts alike, a
+    pinned one (``HostView.pinned``) first. An on-demand VM that takes part of a node goes
+    to a pinned host first, however loose the fit: on-demand work gathers on fewer hosts,
+    and the others stay hosts that evicting spot VMs can empty for a whole-node request."""
     if not req.gpus:
         return 0.0
     cell = _pick_cell(host, req.gpus)
     cell_free = len(host.cells[cell]) if isinstance(cell, int) and cell is not False else 0
-    return -float(cell_free * 64 + host.gpus_free)
+    pinned_first = 4096.0 if req.on_demand and cell is not None else 0.5
+    return -float(cell_free * 64 + host.gpus_free) + (pinned_first if host.pinned else 0)
 
 
 def spread_cpus_weigher(host: HostView, req: Request) -> float:
@@ -247,6 +263,11 @@ def _pick_cell(host: HostView, gpus: int) -> int | bool | None:
         return None if fits else False
     fitting = [(len(free), cell) for cell, free in host.cells.items() if len(free) >= gpus]
     return min(fitting)[1] if fitting else False
+
+
+def _index_key(host: HostView) -> tuple[str, tuple[int, ...], bool]:
+    """A GPU host's key in the scheduler's index: its GPU model, pattern and pinning."""
+    return (host.gpu_model, host.pattern(), host.pinned)
 
 
 def _pack_order(pattern: tuple[int, ...], gpus: int) -> tuple[int, int] | None:
@@ -274,7 +295,7 @@ class Scheduler:
         self.sample = sample
         self._rng = rng or random.Random()  # where to start among equally good GPU hosts
         self._cpu_order = _Ids()
-        self._gpu_index: dict[tuple[str, tuple[int, ...]], _Ids] = defaultdict(_Ids)
+        self._gpu_index: dict[tuple[str, tuple[int, ...], bool], _Ids] = defaultdict(_Ids)
         self._start = itertools.count()
         self._cpu_hosts = 0  # hosts of the view with no GPU
         for host in hosts:
@@ -288,7 +309,7 @@ class Scheduler:
         self.hosts[host.id] = host
         self._cpu_order.add(host.id)
         if host.gpus_total:
-            self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
+            self._gpu_index[_index_key(host)].add(host.id)
         else:
             self._cpu_hosts += 1
 
@@ -298,7 +319,7 @@ class Scheduler:
             return
         self._cpu_order.discard(host_id)
         if host.gpus_total:
-            self._gpu_index[(host.gpu_model, host.pattern())].discard(host_id)
+            self._gpu_index[_index_key(host)].discard(host_id)
         else:
             self._cpu_hosts -= 1
 
@@ -314,7 +335,7 @@ class Scheduler:
         host = self.hosts.get(placement.host_id)
         if host is None:
             return
-        key = (host.gpu_model, host.pattern())
+        key = _index_key(host)
         host.vcpus_free += sign * req.vcpus
         host.memory_mib_free += sign * req.memory_mib
         if placement.device_ids:
@@ -329,7 +350,9 @@ class Scheduler:
                     placement.device_ids, self._cells_of(placement), strict=True
                 ):
                     host.cells[cell].append(device_id)
-            self._gpu_index[(host.gpu_model, host.pattern())].add(host.id)
+            if req.on_demand:
+                host.gpus_on_demand -= sign * len(placement.device_ids)
+            self._gpu_index[_index_key(host)].add(host.id)
 
     def _cells_of(self, placement: Placement) -> list[int]:
         host = self.hosts[placement.host_id]
@@ -406,18 +429,23 @@ class Scheduler:
         yield from gpu_hosts
 
     def _gpu_candidates(self, req: Request) -> Iterator[HostView]:
-        """Hosts with a cell (or a whole node) that fits ``req``, tightest pattern first:
-        the order of ``pack_gpus_weigher``, which weighs alike every host of one pattern
-        (free GPUs per cell) and prefers the pattern ``_pack_order`` puts first."""
+        """Hosts with a cell (or a whole node) that fits ``req``, tightest pattern first
+        (pinned hosts first of each pattern; for an on-demand VM that takes part of a node,
+        pinned hosts first of all): the order of ``pack_gpus_weigher``, which weighs alike
+        every host of one pattern and pinning and prefers the pattern ``_pack_order`` puts
+        first."""
         keyed = []
-        for (model, pattern), ids in self._gpu_index.items():
+        pinned_first = req.on_demand and req.gpus <= 4
+        for key, ids in self._gpu_index.items():
+            model, pattern, pinned = key
             if not ids or (req.gpu_model and model != req.gpu_model):
                 continue
             order = _pack_order(pattern, req.gpus)
             if order is not None:
-                keyed.append((order, model, pattern))
-        for _order, model, pattern in sorted(keyed):
-            ids = self._gpu_index[(model, pattern)].items
+                rank = (not pinned, order) if pinned_first else (order, not pinned)
+                keyed.append((rank, key))
+        for _rank, key in sorted(keyed):
+            ids = self._gpu_index[key].items
             count = len(ids)
             start = self._rng.randrange(count)  # equally tight: spread concurrent schedulers
             for i in range(start, start + count):  # lazily: a decision reads a few

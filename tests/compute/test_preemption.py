@@ -1,5 +1,6 @@
-"""compute.preemption: the victim set is the smallest, then the youngest, on one host that
-then fits the request, and only candidates (spot VMs) are ever chosen."""
+"""compute.preemption: the victim set is the smallest, then on a host that evictions could
+not empty anyway, then the youngest, on one host that then fits the request, and only
+candidates (spot VMs) are ever chosen."""
 
 from compute.preemption import Candidate, choose_victims
 from compute.scheduler import HostView, Request
@@ -75,6 +76,26 @@ def test_a_cell_request_evicts_the_fewest_then_the_youngest():
     }
     decision = choose_victims(hosts, cands, gpus(2))
     assert decision.victims == ("young",)
+
+
+def test_of_equally_few_victims_a_host_on_demand_work_already_pins_is_taken_first():
+    # Host 1 holds spot VMs only: evictions could empty it for a whole-node request. Host 2
+    # has an on-demand VM in cell 1 (no candidate) and old 1-GPU spot VMs in cell 0. A
+    # 1-GPU request evicts on host 2, though host 1's victim would be younger, and a
+    # whole-node request still finds host 1.
+    hosts = [host(1), host(2)]
+    cands = {
+        1: [spot(f"a{i}", 1, 1, cell=i // 4, started=100) for i in range(8)],
+        2: [spot(f"b{i}", 2, 1, cell=0, started=1) for i in range(4)],
+    }
+    decision = choose_victims(hosts, cands, gpus(1))
+    assert decision.host_id == 2 and len(decision.victims) == 1
+    assert choose_victims(hosts, cands, gpus(8)).host_id == 1
+    # Fewer victims still come first: for 2 GPUs, one 2-GPU VM on host 1 beats two of
+    # host 2's 1-GPU VMs.
+    cands[1] = [spot(f"a{i}", 1, 2, cell=i // 2, started=100) for i in range(4)]
+    decision = choose_victims(hosts, cands, gpus(2))
+    assert decision.host_id == 1 and len(decision.victims) == 1
 
 
 def test_one_big_victim_beats_two_small_young_ones():

@@ -59,6 +59,26 @@ def test_gpu_vms_pack_to_keep_whole_nodes_free():
     assert scheduler.select(gpus(8)).host_id == 1  # the whole node stayed whole
 
 
+def test_small_on_demand_vms_gather_on_hosts_on_demand_work_already_pins():
+    # Host 1 holds spot VMs only (the tightest cell: 1 free); host 2 holds an on-demand VM.
+    pinned = gpu_host(2, free=(4, 2))
+    pinned.gpus_on_demand = 2
+    scheduler = Scheduler([gpu_host(1, free=(1, 0)), pinned])
+    spot = gpus(1)
+    on_demand = Request(**{**vars(spot), "on_demand": True})
+    assert scheduler.select(spot).host_id == 1  # spot packs tightest, as before
+    first = scheduler.select(on_demand)
+    assert (first.host_id, first.numa_cell) == (2, 1)  # the pinned host's tightest cell
+    # A host an on-demand VM is claimed on is pinned from then on, and given back, not.
+    clean = Scheduler([gpu_host(1, free=(1, 0)), gpu_host(3, free=(4, 4))])
+    taken = clean.select(gpus(2))
+    assert taken.host_id == 3
+    clean.reserve(taken, Request(**{**vars(gpus(2)), "on_demand": True}))
+    assert clean.hosts[3].pinned and clean.select(on_demand).host_id == 3
+    clean.unreserve(taken, Request(**{**vars(gpus(2)), "on_demand": True}))
+    assert not clean.hosts[3].pinned and clean.select(on_demand).host_id == 1
+
+
 def test_reserve_then_unreserve_restores_the_view():
     scheduler = Scheduler([gpu_host(1)])
     before = {cell: sorted(ids) for cell, ids in scheduler.hosts[1].cells.items()}
@@ -183,6 +203,7 @@ fleets = st.lists(
         st.tuples(st.integers(0, 4), st.integers(0, 4)),  # free GPUs per cell
         st.integers(0, 128),  # free vCPUs
         st.sampled_from([MODEL, "H100-SXM5-80GB"]),
+        st.integers(0, 2),  # GPUs held by on-demand VMs (pinned when some)
     ),
     min_size=1,
     max_size=40,
@@ -194,21 +215,25 @@ fleets = st.lists(
     cpu_hosts=st.integers(0, 3),
     n=st.sampled_from([1, 2, 3, 4, 8]),
     model=st.sampled_from(["", MODEL]),
+    on_demand=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 @settings(max_examples=300, deadline=None)
 def test_stopping_at_the_first_feasible_gpu_host_decides_as_weighing_them_all(
-    fleet, cpu_hosts, n, model, seed
+    fleet, cpu_hosts, n, model, on_demand, seed
 ):
     def views():
         hosts = []
-        for i, (free, vcpus, host_model) in enumerate(fleet, start=1):
+        for i, (free, vcpus, host_model, held_on_demand) in enumerate(fleet, start=1):
             host = gpu_host(i, free=free, vcpus=vcpus)
             host.gpu_model = host_model
+            host.gpus_on_demand = min(held_on_demand, 8 - host.gpus_free)
             hosts.append(host)
         return hosts + [cpu_host(1000 + i) for i in range(cpu_hosts)]
 
-    req = Request(vcpus=16 * n, memory_mib=57 * 1024 * n, gpus=n, gpu_model=model)
+    req = Request(
+        vcpus=16 * n, memory_mib=57 * 1024 * n, gpus=n, gpu_model=model, on_demand=on_demand
+    )
     decided, weighed = [], []
     for kind, out in ((Scheduler, decided), (_WeighingAll, weighed)):
         scheduler = kind(views(), rng=random.Random(seed))

@@ -386,3 +386,28 @@ def test_a_preempted_project_finds_no_trace_of_the_project_that_preempted_it(
     assert preempt["actor"] == b.owner.username and preempt["ip_address"] == B_ADDRESS
     assert preempt["detail"]["victims"] == 2 and preempt["detail"]["own_victims"] == []
     assert not any(str(v.pk) in json.dumps(own) for v in victims)
+
+
+def test_a_small_on_demand_vm_joins_on_demand_work_so_a_spot_host_can_still_be_emptied(roomy, sent):
+    # Seven 1-GPU spot VMs pack onto host A (one GPU left free there); a 2-GPU on-demand VM
+    # takes host B. A 1-GPU on-demand VM goes to B, though A's free GPU is the tighter fit,
+    # so that an 8-GPU on-demand VM can still have A by evicting its spot VMs.
+    make_host("gpu-a"), make_host("gpu-b")
+    spotters, wants = roomy(make_project()), roomy(make_project())
+    image = make_image()
+    t1, t2, t8 = (make_template(gpus=n, eviction_notice_s=30) for n in (1, 2, 8))
+    spots = [make_vm(spotters, template=t1, image=image, priority=Priority.SPOT) for _ in range(7)]
+    for vm in spots:
+        report(fresh(vm), "running")
+    a = fresh(spots[0]).host
+    assert {fresh(vm).host_id for vm in spots} == {a.pk}
+    pinning = make_vm(wants, template=t2, image=image)
+    b = fresh(pinning).host
+    assert b.pk != a.pk
+    small = make_vm(wants, template=t1, image=image)
+    assert fresh(small).host_id == b.pk
+    whole = make_vm(wants, template=t8, image=image)
+    assert whole.state == VmState.PENDING and whole.reserved_host_id == a.pk
+    assert {vm.pk for vm in VirtualMachine.objects.filter(state=VmState.EVICTING)} == {
+        vm.pk for vm in spots
+    }
