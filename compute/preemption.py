@@ -12,9 +12,9 @@ The rule, for one request:
   1-4 GPUs from one NUMA cell, more take the whole node, the vCPUs and memory free, the GPU
   model and the placement group's policy honoured.
 * Of every such set the best has the fewest VMs, then, for a request that takes part of
-  a node, is on a host that some GPU no eviction frees (an on-demand VM's, say) already
-  keeps from whole-node requests (so on-demand work gathers on fewer hosts, and a
-  whole-node on-demand request still finds a host that evictions can empty), then the
+  a node, is on a host already pinned (``HostView.pinned``: a GPU held by an on-demand VM
+  or a lease, which no eviction frees), so on-demand work gathers on fewer hosts and a
+  whole-node on-demand request still finds a host that evictions can empty, then the
   youngest (the least run time lost: the largest sum of start times). The count is
   exact: within one cell, the fewest VMs that free ``need`` GPUs are the largest first, and
   every set of that size is then compared by age. vCPUs and memory short after the GPUs
@@ -80,16 +80,14 @@ def _key(victims: Sequence[Candidate], spoils: int) -> tuple:
     return (len(victims), spoils, -sum(v.started for v in victims))
 
 
-def _spoils(host: HostView, cands: Sequence[Candidate], req: Request) -> int:
+def _spoils(host: HostView, req: Request) -> int:
     """1 when evicting on ``host`` for ``req`` would spoil a host that a whole-node request
-    could still have by eviction (its every GPU free or held by a candidate), else 0. Of
-    equally few victims, a host already pinned by GPUs no eviction frees (on-demand VMs,
-    a guarantee's spot VMs) is taken first: on-demand work gathers on fewer hosts, and a
-    whole-node on-demand request still finds a host that evictions can empty."""
+    could still have by eviction (not ``HostView.pinned``, placement's own notion), else 0.
+    Of equally few victims, a pinned host is taken first: on-demand work gathers on fewer
+    hosts, and a whole-node on-demand request still finds a host that evictions can empty."""
     if not req.gpus or req.gpus > max(host.cell_sizes.values(), default=0):
         return 0
-    free = sum(map(len, host.cells.values()))
-    return int(free + sum(c.gpus for c in cands) >= host.gpus_total)
+    return int(not host.pinned)
 
 
 def _fewest_covering(cands: Sequence[Candidate], need: int) -> int | None:
@@ -248,7 +246,7 @@ def choose_victims(
     for host in hosts:
         cands = candidates.get(host.id)
         if cands:
-            spoils = _spoils(host, cands, req)
+            spoils = _spoils(host, req)
             staged.append((_first_key(host, cands, req, spoils), host.id, host, cands, spoils))
     staged.sort(key=lambda item: (item[0], item[1]))
     for first, _id, host, cands, spoils in staged:

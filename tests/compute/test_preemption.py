@@ -83,7 +83,9 @@ def test_of_equally_few_victims_a_host_on_demand_work_already_pins_is_taken_firs
     # has an on-demand VM in cell 1 (no candidate) and old 1-GPU spot VMs in cell 0. A
     # 1-GPU request evicts on host 2, though host 1's victim would be younger, and a
     # whole-node request still finds host 1.
-    hosts = [host(1), host(2)]
+    pinned = host(2)
+    pinned.gpus_on_demand = 4
+    hosts = [host(1), pinned]
     cands = {
         1: [spot(f"a{i}", 1, 1, cell=i // 4, started=100) for i in range(8)],
         2: [spot(f"b{i}", 2, 1, cell=0, started=1) for i in range(4)],
