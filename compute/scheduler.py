@@ -134,6 +134,11 @@ class Placement:
     rack: str = ""
 
 
+# How every reason of ``NoValidHost`` for want of room begins; the rest names the request
+# (its vCPUs, memory, GPUs and where they must be) and then counts the hosts.
+NO_ROOM = "no host has"
+
+
 class NoValidHost(Exception):
     """Nothing fits. ``reason`` is a sentence for the user; ``rejected`` counts, per filter,
     the hosts it turned away."""
@@ -156,7 +161,7 @@ class NoValidHost(Exception):
         parts = [f"{count} {FILTER_REASONS[name]}" for name, count in rejected.most_common()]
         if excluded:
             parts.append(f"{excluded} not in service (draining, maintenance or down)")
-        self.reason = reason or f"no host has {what} free: {considered} hosts up" + (
+        self.reason = reason or f"{NO_ROOM} {what} free: {considered} hosts up" + (
             f"; {', '.join(parts)}" if parts else ""
         )
         super().__init__(self.reason)

@@ -11,7 +11,7 @@ import operator
 from functools import reduce
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from compute import placement
@@ -22,7 +22,7 @@ from compute.protocol import (
     CONSOLE_LOG_MAX_BYTES,
     VM_CONSOLE_LOG_TASK,
 )
-from compute.scheduler import NoValidHost, Request
+from compute.scheduler import NO_ROOM, NoValidHost, Request
 from compute.services.lifecycle import (
     current_operation,
     guard,
@@ -181,7 +181,8 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     A spot VM with no placement group and no lease (a "plain" one) whose size the
     scheduler's view has no room for is neither read nor locked, and does not count against
     ``limit``: each size is decided once from the view at the start of the pass, and every
-    plain spot VM of a size without room is told why in one statement per size at the end.
+    plain spot VM of a size without room that waits for another reason is told why, in one
+    statement per such size, at the end.
     So a pass over a long queue costs one decision per size, and a small spot VM is placed
     on the GPUs that are free even when a hundred 8-GPU ones that fit nowhere wait before it
     (backfilling: spot runs on whatever is free; a waiting spot VM holds no place)."""
@@ -193,7 +194,20 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     sizes = ("vcpus", "memory_mib", "gpus", "gpu_model")
     no_room: dict[tuple, str] = {}  # a plain spot size -> why no host has room for it
     roomy: set[tuple] = set()  # plain spot sizes with room since the last attempt
-    for size in pending.filter(plain_spot).values_list(*sizes).distinct().order_by():
+    # Each plain spot size waiting, with how many of its VMs wait for another reason than
+    # want of room for it (told when they joined the queue, a VM is told that reason:
+    # ``vm_create``, ``lifecycle.requeue``). Only a size with such VMs is told at the end:
+    # a pass over a queue told already writes nothing and builds no statement to check it.
+    untold: dict[tuple, int] = {}
+    for *size, n in (
+        pending.filter(plain_spot)
+        .values(*sizes)
+        .annotate(n=Count("pk", filter=~Q(state_reason__startswith=NO_ROOM)))
+        .values_list(*sizes, "n")
+        .order_by()
+    ):
+        untold[tuple(size)] = n
+    for size in untold:
         reason = placement.no_room(_size_request(size))
         if reason:
             no_room[size] = reason[:500]
@@ -236,6 +250,8 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             send_apply(vm, operation_id=current_operation(vm))
             placed += 1
     for size, reason in no_room.items():
+        if not untold.get(size, 1):  # (a size not read at the start: one queued meanwhile)
+            continue
         # Told once: a VM already waiting for want of room for its size keeps the reason it
         # was told, though the counts in it (hosts up, hosts turned away) move with claims,
         # releases and hand-overs. Rewriting them at every move would write every row of a

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from compute import services
@@ -191,6 +192,25 @@ def test_a_queue_told_why_it_waits_is_not_written_again_as_the_counts_move(proje
     assert [fresh(v).state_reason for v in queued[:2]] == [told, told]
     now_told = fresh(queued[2]).state_reason
     assert now_told.startswith("no host has") and "2 hosts up" in now_told
+
+
+def test_a_pass_over_a_queue_told_already_writes_no_reason(project, sent):
+    """Every waiting VM was told why when it joined the queue: a pass checks that in the
+    statement that reads the sizes, and writes (or scans for) no reason of any size."""
+    make_host("gpu-a")
+    t8, t4 = make_template(name="g8", gpus=8), make_template(name="g4", gpus=4)
+    make_vm(project, name="od", template=t8)  # the host is full
+    spot = Priority.SPOT
+    waiting = [make_vm(project, name=f"w8-{n}", template=t8, priority=spot) for n in range(2)]
+    waiting += [make_vm(project, name=f"w4-{n}", template=t4, priority=spot) for n in range(2)]
+    told = [fresh(v).state_reason for v in waiting]
+    assert all(r.startswith("no host has") for r in told)
+    make_host("cpu-a", kind="cpu")  # the counts in the reasons move
+    with CaptureQueriesContext(connection) as queries:
+        assert services.vm_schedule_pending() == 0
+    writes = [q["sql"] for q in queries if q["sql"].startswith("UPDATE")]
+    assert writes == []
+    assert [fresh(v).state_reason for v in waiting] == told
 
 
 def test_not_waiting_answers_409_and_creates_nothing(project, sent):
