@@ -171,15 +171,17 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
     host_row = Host.objects.select_for_update(no_key=True).filter(name=host).first()
     vm = (
         VirtualMachine.objects.select_for_update(of=("self",))
-        .select_related("project", "host")
+        .select_related("project")
         .filter(pk=payload.get("vm_id"))
         .first()
     )
     operation_id = payload.get("operation_id", "")
-    if vm is None or vm.host is None or vm.host.name != host or vm.state == VmState.DELETED:
+    on_host = host_row is not None and vm is not None and vm.host_id == host_row.pk
+    if not on_host or vm.state == VmState.DELETED:
         if operation_id:
             operation_finish(operation_id=operation_id, ok=True, result={"state": "deleted"})
         return None  # a guest no VM accounts for: the guests report handles orphans
+    vm.host = host_row  # its host: the row locked above, not read twice
     generation = int(payload.get("generation", 0))
     power = payload.get("power") if payload.get("power") in _POWER else PowerState.UNKNOWN
     now = timezone.now()
