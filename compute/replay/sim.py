@@ -26,9 +26,11 @@ since its last checkpoint and is started again (``vm_start``), waiting like a ne
 
 GPU-hours are integrated exactly over the event times, per category: on-demand work, spot
 work, held idle (claimed but not working: boots, notices' stop, deletions), free while a
-request waited (free GPUs while GPU requests are pending, up to their size), free, and
-stranded (free GPUs on hosts without the vCPUs or memory one more GPU needs, sampled every
-``sample_s``). They add up to the capacity.
+request waited (free GPUs while GPU requests are pending, up to their size), and free;
+they add up to the capacity. Two parts of the free ones are sampled every ``sample_s``
+while jobs arrive: stranded (free GPUs on hosts without the vCPUs or memory one more GPU
+needs) and lease idle (GPUs a lease holds that none of its VMs uses: free for its project
+alone).
 
 ``goodput`` is tenant work, less spot work lost to evictions, over the capacity of the
 whole replay, its ramp-up from an empty fleet and its drain after the last submission
@@ -94,6 +96,7 @@ class Metrics:
     free: float = 0.0
     free_waiting: float = 0.0
     stranded: float = 0.0
+    lease_idle: float = 0.0  # sampled: free GPUs a lease held (kept off every other VM)
     spot_lost: float = 0.0
     waits: list = field(default_factory=list)
     evictions: int = 0
@@ -109,6 +112,7 @@ class Metrics:
     saturated_lost: float = 0.0  # GPU-seconds of spot work lost to evictions then
     saturated_held: float = 0.0  # GPU-seconds held idle then (boots, stops)
     saturated_free: float = 0.0  # GPU-seconds free then (no waiting request fitted them)
+    saturated_lease_idle: float = 0.0  # of which a lease held (sampled)
     series: list = field(default_factory=list)  # (t, on-demand GPUs, spot GPUs)
 
 
@@ -223,6 +227,11 @@ class Replay:
             m.t = t
         self.now_s = t
 
+    def _spot_waits(self) -> bool:
+        """Now is time the spot work waiting exceeds the free GPUs while jobs still arrive."""
+        free = self.m.gpus_total - self.od_gpus - self.spot_gpus - self.held_gpus
+        return self.now_s <= self.arrivals_end and self.pending_spot_gpus > free
+
     def _mark(self) -> None:
         self.m.series.append((self.now_s, self.od_gpus, self.spot_gpus))
 
@@ -273,8 +282,7 @@ class Replay:
         done = self.now_s - vm.run_start
         kept = (done // vm.job.checkpoint_s) * vm.job.checkpoint_s
         self.m.spot_lost += (done - kept) * vm.job.gpus
-        free = self.m.gpus_total - self.od_gpus - self.spot_gpus - self.held_gpus
-        if self.now_s <= self.arrivals_end and self.pending_spot_gpus > free:
+        if self._spot_waits():
             self.m.saturated_lost += (done - kept) * vm.job.gpus
         vm.progress += kept
         vm.run += 1  # its scheduled end no longer holds
@@ -579,6 +587,13 @@ class Replay:
         ):
             if vcpus - vused < 16 or mem - mused < 57 * 1024:
                 self.m.stranded += free[pk] * self.sample_s
+        # Held by a lease and used by none of its VMs: free, but for the lease's project only.
+        idle = Device.objects.filter(
+            kind=DeviceKind.GPU, vm__isnull=True, lease__isnull=False, present=True
+        ).count()
+        self.m.lease_idle += idle * self.sample_s
+        if self._spot_waits():
+            self.m.saturated_lease_idle += idle * self.sample_s
         # Guarantees: others' on-demand GPUs never took the guaranteed headroom.
         if self.guarantees:
             ids = {self.projects[s].pk: g for s, g in self.guarantees.items()}
@@ -634,6 +649,7 @@ class Replay:
             "free_while_waiting_gpu_h": round(m.free_waiting / hours, 1),
             "free_gpu_h": round(m.free / hours, 1),
             "stranded_gpu_h": round(m.stranded / hours, 1),
+            "lease_idle_gpu_h": round(m.lease_idle / hours, 1),
             "goodput": round((work - lost) / capacity, 4) if capacity else 0.0,
             "allocated": round((work + m.held_idle / hours) / capacity, 4) if capacity else 0.0,
             # The target's goodput: over the time waiting spot work exceeded the free GPUs
@@ -648,6 +664,7 @@ class Replay:
             # (no waiting request fitted: too few on one host or cell), spot work lost.
             "spot_waits_held_idle_gpu_h": round(m.saturated_held / hours, 1),
             "spot_waits_free_gpu_h": round(m.saturated_free / hours, 1),
+            "spot_waits_lease_idle_gpu_h": round(m.saturated_lease_idle / hours, 1),
             "spot_waits_lost_gpu_h": round(m.saturated_lost / hours, 1),
             "spot_lost_gpu_h": round(lost, 1),
             "on_demand_wait_p50_s": pct(50),

@@ -92,6 +92,7 @@ def test_the_command_replays_on_a_throwaway_database(tmp_path, capsys):
     )
     assert figures["jobs"] == 2 and figures["evictions"] == 1
     assert figures["evictions_full_notice"] == 1.0
+    assert figures["lease_idle_gpu_h"] == 0.0  # no lease
     assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1  # the notice, then the stop
     assert not Host.objects.exists()  # it ran elsewhere
 
@@ -135,6 +136,12 @@ def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_
     assert figures["evictions"] == 1 and figures["evictions_full_notice"] == 1.0
     assert figures["leases_honoured"] == 1.0
     assert figures["on_demand_wait_p99_s"] == 0.0  # its lease's GPUs were free at its submit
+    # Sampled every 600 s while jobs arrive: at 6,600 and 7,200 s the lease held all 8 GPUs
+    # (the spot VM gone at 6,340 s, its notice given at the lease's lead of 900 s) and its
+    # project ran nothing yet.
+    assert figures["lease_idle_gpu_h"] == round(2 * 8 * 600 / 3600, 1)
+    # The evicted spot VM waited for 8 GPUs then, no more than were free (for the lease).
+    assert figures["spot_waits_lease_idle_gpu_h"] == 0.0
     with pytest.raises(CommandError, match="PROJECT=GPUS@START_S-END_S"):
         call_command("replay", str(tmp_path / "trace.csv"), "--lease", "lab-c=eight")
 
