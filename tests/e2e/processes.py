@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -11,9 +12,12 @@ from pathlib import Path
 
 from django.db import connection
 
+from compute.models import VirtualMachine
 from controlplane.management.commands.run import topology
 
 ROOT = Path(__file__).resolve().parents[2]
+# A log line worth showing when a test fails, wherever it is in the log.
+_NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|^\S*(Error|Exception)\b")
 
 
 def free_port() -> int:
@@ -65,10 +69,18 @@ class Fleet:
             self.kill(name, signal.SIGTERM)
 
     def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-            for p in self.log_dir.glob("*.log")
-        )
+        """Each process's log: its warnings, errors and tracebacks from the whole run (a
+        periodic task's lines soon push them out of the tail), then its tail."""
+        parts = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            text = path.read_text(errors="replace")
+            notable = [line for line in text.splitlines() if _NOTABLE.search(line)]
+            parts.append(
+                f"--- {path.name}: warnings, errors and tracebacks\n"
+                + "\n".join(notable[-60:])
+                + f"\n--- {path.name}: its tail\n{text[-3000:]}"
+            )
+        return "\n".join(parts)
 
 
 def start_topology(
@@ -89,4 +101,13 @@ def wait_for(
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}" + (f"\n{fleet.logs()}" if fleet else ""))
+    detail = f"\n{vm_rows()}\n{fleet.logs()}" if fleet else ""
+    raise AssertionError(f"timed out waiting for {what}{detail}")
+
+
+def vm_rows() -> str:
+    """Every VM as the database has it, one line each: what a timed-out wait saw last."""
+    fields = ("id", "name", "state", "task_state", "host__name", "generation")
+    fields += ("applied_generation", "power_state", "state_reason", "updated_at")
+    rows = VirtualMachine.objects.order_by("created_at").values_list(*fields)
+    return "--- VMs (" + ", ".join(fields) + ")\n" + "\n".join(map(repr, rows))
