@@ -64,9 +64,23 @@ class Fleet:
         proc.wait(timeout=30)
         proc._kumo_log.close()
 
-    def stop(self) -> None:
-        for name in list(self.procs):
-            self.kill(name, signal.SIGTERM)
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to every process at once, then SIGKILL to those still running after
+        ``grace_s``: one grace for the whole fleet, not one after another."""
+        procs = list(self.procs.values())
+        self.procs.clear()
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            proc._kumo_log.close()
 
     def logs(self) -> str:
         """Each process's log: its warnings, errors and tracebacks from the whole run (a
