@@ -14,20 +14,24 @@ The rule, for one request:
 * Of every such set the best has the fewest VMs, then, for a request that takes part of
   a node, is on a host already pinned (``HostView.pinned``: a GPU held by an on-demand VM
   or a lease, which no eviction frees), so on-demand work gathers on fewer hosts and a
-  whole-node on-demand request still finds a host that evictions can empty, then the
-  youngest (the least run time lost: the largest sum of start times). The count is
-  exact: within one cell, the fewest VMs that free ``need`` GPUs are the largest first, and
-  every set of that size is then compared by age. vCPUs and memory short after the GPUs
-  are freed are covered by the largest CPU-only candidates of the host, greedily.
+  whole-node on-demand request still finds a host that evictions can empty, then frees the
+  fewest GPUs (GPUs freed beyond the request's often fit no waiting request, and sit idle),
+  then loses the least work: the largest sum of ``started``, each victim's moment since
+  which its work is unsaved (its last start or its guest's last reported checkpoint;
+  ``NOTHING_TO_LOSE`` for a stopped VM). The count is exact: within one cell, the fewest
+  VMs that free ``need`` GPUs are the largest first, and every set of that size is then
+  compared by GPUs freed and ``started``. vCPUs and memory short after the GPUs are freed
+  are covered by the largest CPU-only candidates of the host, greedily.
 
 Speed: a host's candidates are few (at most one per GPU plus its CPU-only VMs), so a host
 costs a sort and a handful of combinations, and few hosts are searched at all. Every host
 gets a first key no set on it can beat, as cheap as can be (no victim if its free GPUs
-could do, else one, as young as its youngest candidate); hosts are taken in that order
-until the next one's is worse than the best set found, and each is searched only if its
-tighter key (its lower bound on the count, the youngest that many of its candidates
-could be) could still beat the best. When one victim does, as on a full fleet, the search
-stops after the host of the youngest candidate that suffices.
+could do, else one, freeing at least what the request lacks there, with the latest
+``started`` of its candidates); hosts are taken in that order until the next one's is worse
+than the best set found, and each is searched only if its tighter key (its lower bound on
+the count, the fewest GPUs freed, the latest ``started`` that many of its candidates could
+have) could still beat the best. When one victim does, as on a full fleet, the search stops
+after the host of the candidate that suffices, frees least and loses least.
 """
 
 from __future__ import annotations
@@ -40,11 +44,16 @@ from dataclasses import dataclass, field
 
 from compute.scheduler import GROUP_FILTERS, HostView, Request
 
+# The ``started`` of a candidate with no work to lose (a stopped VM): later than any real
+# moment (the year 33658), yet finite, so that sets holding one still compare by the rest.
+NOTHING_TO_LOSE = 1e12
+
 
 @dataclass(frozen=True)
 class Candidate:
     """A spot VM that may be evicted. ``cell``: the NUMA cell of its GPUs (``None`` for a
-    whole-node VM, or one without GPUs). ``started``: when it started (seconds, any epoch)."""
+    whole-node VM, or one without GPUs). ``started``: since when its work is unsaved, what
+    an eviction would lose (seconds since 1970; ``NOTHING_TO_LOSE`` for a stopped VM)."""
 
     vm_id: str
     host_id: int
@@ -77,7 +86,18 @@ class _Best:
 
 
 def _key(victims: Sequence[Candidate], spoils: int) -> tuple:
-    return (len(victims), spoils, -sum(v.started for v in victims))
+    return (len(victims), spoils, sum(v.gpus for v in victims), -sum(v.started for v in victims))
+
+
+def _fewest_freed(host: HostView, req: Request) -> int:
+    """The fewest GPUs any victim set on ``host`` frees for ``req`` (a lower bound): a whole
+    node frees every GPU held, part of one at least what its fullest cell lacks."""
+    if not req.gpus or not host.cells:
+        return 0
+    free = [len(ids) for ids in host.cells.values()]
+    if req.gpus > max(host.cell_sizes.values(), default=0):
+        return sum(host.cell_sizes.values()) - sum(free)
+    return max(0, req.gpus - max(free))
 
 
 def _spoils(host: HostView, req: Request) -> int:
@@ -213,23 +233,25 @@ def lower_bound(host: HostView, cands: Sequence[Candidate], req: Request) -> flo
 
 def _first_key(host: HostView, cands: Sequence[Candidate], req: Request, spoils: int) -> tuple:
     """The cheapest key no set on ``host`` can beat, for ordering every host: none needed
-    if its free GPUs (or, for a CPU request, its room) could do, else one at least, as young
-    as its youngest candidate. No higher than ``optimistic_key``."""
+    if its free GPUs (or, for a CPU request, its room) could do, else one at least, with
+    the latest ``started`` of its candidates. No higher than ``optimistic_key``."""
     if req.gpus:
         room = sum(map(len, host.cells.values())) >= req.gpus
     else:
         room = host.vcpus_free >= req.vcpus and host.memory_mib_free >= req.memory_mib
-    return (0, spoils, 0) if room else (1, spoils, -max([c.started for c in cands]))
+    if room:
+        return (0, spoils, 0, 0)
+    return (1, spoils, _fewest_freed(host, req), -max([c.started for c in cands]))
 
 
-def optimistic_key(bound: float, cands: Sequence[Candidate], spoils: int) -> tuple:
-    """A key no victim set of ``bound`` or more of ``cands`` can beat: ``bound`` VMs, as
-    young as its ``bound`` youngest candidates."""
+def optimistic_key(bound: float, cands: Sequence[Candidate], spoils: int, freed: int = 0) -> tuple:
+    """A key no victim set of ``bound`` or more of ``cands`` can beat: ``bound`` VMs, with
+    the ``bound`` latest ``started`` of its candidates."""
     if not bound:
-        return (0, spoils, 0)
+        return (0, spoils, 0, 0)
     if bound == 1:
-        return (1, spoils, -max([c.started for c in cands]))
-    return (bound, spoils, -sum(heapq.nlargest(int(bound), [c.started for c in cands])))
+        return (1, spoils, freed, -max([c.started for c in cands]))
+    return (bound, spoils, freed, -sum(heapq.nlargest(int(bound), [c.started for c in cands])))
 
 
 def choose_victims(
@@ -253,7 +275,9 @@ def choose_victims(
         if first > best.key:
             break  # no set on this host or any after it beats the best one
         bound = lower_bound(host, cands, req)
-        if bound == math.inf or optimistic_key(bound, cands, spoils) > best.key:
+        if bound == math.inf:
+            continue
+        if optimistic_key(bound, cands, spoils, _fewest_freed(host, req)) > best.key:
             continue
         victims = _on_host(host, cands, req, best, spoils)
         if victims and _key(victims, spoils) < best.key:

@@ -109,6 +109,23 @@ def test_one_big_victim_beats_two_small_young_ones():
     assert choose_victims(hosts, cands, gpus(4)).victims == ("big",)
 
 
+def test_of_equally_few_victims_the_set_freeing_fewest_gpus_goes_then_the_least_work_lost():
+    # 2 GPUs wanted, one victim anywhere: host 1's 2-GPU VM, saved long ago, or host 2's
+    # 4-GPU VMs, saved since. Freeing 4 would leave 2 free that the request does not take
+    # (a waiting 4- or 8-GPU request cannot use them): the 2-GPU VM goes. Of two such VMs,
+    # the one whose work is unsaved for the shortest time.
+    hosts = [host(1), host(2)]
+    cands = {
+        1: [spot("two", 1, 2, cell=0, started=10), spot("four-a", 1, 4, cell=1, started=90)],
+        2: [spot("four-b", 2, 4, cell=0, started=50), spot("four-c", 2, 4, cell=1, started=60)],
+    }
+    assert choose_victims(hosts, cands, gpus(2)).victims == ("two",)
+    # Host 2's cell 0 now holds two 2-GPU VMs, saved at 40 and 50: the one saved at 50 goes.
+    cands[2][0] = spot("two-b", 2, 2, cell=0, started=50)
+    cands[2].append(spot("two-c", 2, 2, cell=0, started=40))
+    assert choose_victims(hosts, cands, gpus(2)).victims == ("two-b",)
+
+
 def test_victims_never_span_cells_for_a_cell_request():
     # Two GPUs free and one 2-GPU spot VM in each cell: 4 GPUs come from one cell.
     hosts = [host(1, (2, 2), vcpus_free=64, memory_free=4 * 57 * 1024)]
