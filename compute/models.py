@@ -337,6 +337,12 @@ class VirtualMachine(ProjectOwnedModel):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     launched_at = models.DateTimeField(null=True, blank=True)
+    # What an eviction would lose: the last time it started running (a booted guest starts
+    # from what it saved) and the last checkpoint its guest reported
+    # (``POST /api/v1/metadata/spot/checkpoint``). Preemption evicts first the spot VMs
+    # that lose the least work (``compute.services.spot.UNSAVED_SINCE``).
+    running_since = models.DateTimeField(null=True, blank=True)
+    checkpointed_at = models.DateTimeField(null=True, blank=True)
     power_observed_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
 

@@ -10,6 +10,9 @@ Each VM gets a token (``VirtualMachine.metadata_token``) in its cloud-init seed
   404 when nothing is scheduled;
 - ``POST /api/v1/metadata/spot/acknowledge``: the guest is ready ("checkpoint done, take it
   now"): the notice ends at once. 404 when there is no notice.
+- ``POST /api/v1/metadata/spot/checkpoint``: the guest saved its work; preemption then
+  counts what an eviction would lose from now (``compute.services.spot.checkpoint_report``).
+  ``{"checkpointed_at": …}``; 409 when the VM is not running.
 """
 
 import hmac
@@ -21,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from compute import services
-from compute.api.serializers import InstanceActionSerializer
+from compute.api.serializers import CheckpointSerializer, InstanceActionSerializer
 from compute.choices import ReclaimAction, VmState
 from compute.models import VirtualMachine
 from controlplane.errors import NotFound
@@ -112,3 +115,19 @@ class SpotAcknowledgeView(_MetadataView):
         """The guest is ready to go: its eviction notice ends now."""
         vm = services.eviction_acknowledge(vm=request.auth)
         return Response(InstanceActionSerializer(instance_action(vm)).data)
+
+
+class SpotCheckpointView(_MetadataView):
+    @extend_schema(
+        operation_id="metadata_spot_checkpoint",
+        request=None,
+        responses={
+            200: CheckpointSerializer,
+            401: OpenApiResponse(description="no or unknown metadata token"),
+            409: OpenApiResponse(description="this VM is not running"),
+        },
+    )
+    def post(self, request):
+        """The guest saved its work: an eviction would lose only what it does from now on."""
+        vm = services.checkpoint_report(vm=request.auth)
+        return Response(CheckpointSerializer(vm).data)

@@ -257,6 +257,8 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
             "launched_at",
+            "running_since",
+            "checkpointed_at",
             "deleted_at",
             "eviction_notice_at",
             "eviction_deadline",
@@ -374,6 +376,12 @@ class ReclamationReportSerializer(serializers.Serializer):
     min_gpus = serializers.IntegerField()
     thresholds = ReclamationThresholdsSerializer()
     scheduled = ReclamationStepSerializer(many=True)
+
+
+class CheckpointSerializer(serializers.Serializer):
+    """A guest's checkpoint as Kumo recorded it."""
+
+    checkpointed_at = serializers.DateTimeField(read_only=True)
 
 
 class InstanceActionSerializer(serializers.Serializer):

@@ -14,6 +14,9 @@ In the guest:
   the deadline as arguments and at most until two seconds before the deadline; then it
   POSTs ``/spot/acknowledge`` (the notice ends at once and Kumo stops the VM) and writes
   ``/run/kumo/spot-acknowledged`` so it acts once per boot;
+- ``spot-watch.py checkpoint`` (as root, from the user's job after it saved its work) POSTs
+  ``/spot/checkpoint``: of equally few victims, preemption then evicts first the VMs that
+  would lose the least work;
 - ``kumo-spot-watch.service`` runs it (restarted if it dies), enabled by vendor data's
   ``runcmd`` at first boot. Its output goes to the journal and the serial console.
 
@@ -96,7 +99,27 @@ def act(base, token, action):
     open(DONE, "w").close()
 
 
+def checkpoint():
+    """``spot-watch.py checkpoint``: tell Kumo the job saved its work (run it as root after
+    each checkpoint); an eviction then loses only what the job does from now on."""
+    meta = read_env(METADATA_ENV)
+    base = meta.get("KUMO_METADATA_URL", "").rstrip("/")
+    token = meta.get("KUMO_METADATA_TOKEN", "")
+    if not (base and token):
+        say(f"no metadata URL or token in {METADATA_ENV} (run as root)")
+        return 1
+    try:
+        answer = request(base + "/spot/checkpoint", token, method="POST")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        say(f"checkpoint not recorded: {e}")
+        return 1
+    say(f"checkpoint recorded at {answer.get('checkpointed_at')}")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["checkpoint"]:
+        return checkpoint()
     while True:
         meta = read_env(METADATA_ENV)
         base = meta.get("KUMO_METADATA_URL", "").rstrip("/")

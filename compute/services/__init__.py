@@ -48,6 +48,7 @@ from compute.services.reconcile import (
 )
 from compute.services.shelve import vm_shelve, vm_unshelve
 from compute.services.spot import (
+    checkpoint_report,
     eviction_acknowledge,
     evictions_reap,
     guarantee_set,
@@ -69,6 +70,7 @@ from compute.services.vms import (
 __all__ = [
     "PING_TASK",
     "budget_reclaim",
+    "checkpoint_report",
     "console_token_issue",
     "console_token_redeem",
     "eviction_acknowledge",

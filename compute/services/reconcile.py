@@ -138,6 +138,8 @@ def _settle(vm: VirtualMachine, generation: int, power: str, now: datetime) -> d
         changes.update(state=VmState.RUNNING, task_state=VmTask.NONE, state_reason="")
         if vm.launched_at is None:
             changes["launched_at"] = now
+        if vm.state != VmState.RUNNING:
+            changes["running_since"] = now  # booted: its guest starts from what it saved
     elif desired == DesiredPower.STOPPED and power == PowerState.SHUTOFF:
         changes.update(state=VmState.STOPPED, task_state=VmTask.NONE, state_reason="")
     elif (

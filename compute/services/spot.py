@@ -43,13 +43,13 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import FloatField, Func, OuterRef, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from compute import placement
 from compute.choices import DesiredPower, PowerState, Priority, VmState, VmTask
 from compute.models import CapacityGuarantee, Host, VirtualMachine
-from compute.preemption import Candidate, Preemption, choose_victims
+from compute.preemption import NOTHING_TO_LOSE, Candidate, Preemption, choose_victims
 from compute.protocol import VM_APPLY_TASK, VmApply
 from compute.scheduler import NoValidHost
 from compute.services.lifecycle import (
@@ -138,6 +138,13 @@ class _Epoch(Func):
         )
 
 
+# Since when a spot VM's work is unsaved, as Kumo knows it: its last start or the last
+# checkpoint its guest reported, whichever came later (its creation before either). An
+# eviction loses the work done since: of equally few victims, preemption takes those
+# whose work is unsaved since the latest (``compute.preemption``, its ``started``).
+UNSAVED_SINCE = Greatest(
+    Coalesce("running_since", "created_at"), Coalesce("checkpointed_at", "created_at")
+)
 # How far before the last read each update of the index reads changed spot VMs again: a
 # transaction that stamped ``updated_at`` before that read but committed after it is seen.
 SYNC_SLACK = timedelta(seconds=2)
@@ -181,8 +188,10 @@ class _EvictableIndex:
         self.loaded_at = 0.0
 
     def _read(self, qs) -> None:
-        rows = qs.values_list(*self._COLUMNS, _Epoch("created_at")).order_by()
+        rows = qs.values_list(*self._COLUMNS, _Epoch(UNSAVED_SINCE)).order_by()
         for pk, host_id, cell, gpus, model, vcpus, memory, state, task, started in rows:
+            if state == VmState.STOPPED:
+                started = NOTHING_TO_LOSE
             vm_id = str(pk)
             before = self.where.pop(vm_id, None)
             if before is not None:
@@ -434,6 +443,32 @@ def eviction_acknowledge(*, vm: VirtualMachine) -> VirtualMachine:
         )
         _stop_now(vm, why="acknowledged by the guest")
     return vm
+
+
+def checkpoint_report(*, vm: VirtualMachine) -> VirtualMachine:
+    """The guest saved its work (``POST /api/v1/metadata/spot/checkpoint``): an eviction
+    would lose only what it does from now on, so preemption, of equally few victims, takes
+    this VM before those whose work is unsaved for longer (``UNSAVED_SINCE``). Reporting is
+    the guest's choice; claiming a checkpoint it did not make only gets it evicted first.
+
+    Only a running guest's report counts (409 otherwise); no host is told anything. Like a
+    CPU sample it is an observation of the guest, kept on the VM (``checkpointed_at``), not
+    an action anyone took: it has no audit record."""
+    now = timezone.now()
+    if not VirtualMachine.objects.filter(pk=vm.pk, state__in=_SAVES).update(
+        checkpointed_at=now, updated_at=now
+    ):
+        state = VirtualMachine.objects.filter(pk=vm.pk).values_list("state", flat=True).first()
+        raise Conflict(
+            f"vm {vm.name} is {state or VmState.DELETED}: only a running guest's checkpoint counts",
+            code="invalid_state",
+            details={"state": [state or VmState.DELETED]},
+        )
+    vm.checkpointed_at = vm.updated_at = now
+    return vm
+
+
+_SAVES = [VmState.RUNNING, VmState.EVICTING]  # a guest that can report a checkpoint
 
 
 def evictions_reap(*, now: datetime | None = None) -> int:

@@ -10,7 +10,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter, SimpleRouter
 
 from compute.api.imagefiles import image_file
-from compute.api.metadata import SpotAcknowledgeView, SpotInstanceActionView
+from compute.api.metadata import SpotAcknowledgeView, SpotCheckpointView, SpotInstanceActionView
 from compute.api.views import (
     LeaseViewSet,
     OperatorCapacityGuaranteeViewSet,
@@ -186,6 +186,11 @@ urlpatterns = [
         "metadata/spot/acknowledge",
         SpotAcknowledgeView.as_view(),
         name="metadata-spot-acknowledge",
+    ),
+    path(
+        "metadata/spot/checkpoint",
+        SpotCheckpointView.as_view(),
+        name="metadata-spot-checkpoint",
     ),
     path("image-files/<str:token>", image_file, name="image-file"),
     path("", include(project_router.urls)),

@@ -150,6 +150,22 @@ def test_metadata_shows_the_notice_and_takes_the_acknowledgement(project, sent):
     assert message["extra"]["metadata"]["token"] == victim.metadata_token
 
 
+def test_metadata_records_a_running_guests_checkpoint_and_refuses_a_stopped_ones(running):
+    answer = _meta(running, "post", "metadata-spot-checkpoint")
+    assert answer.status_code == 200
+    saved = fresh(running).checkpointed_at
+    assert saved is not None
+    assert answer.json()["checkpointed_at"].replace("Z", "+00:00") == saved.isoformat()
+    services.vm_stop(vm=fresh(running))
+    report(fresh(running), "shutoff")
+    refused = _meta(fresh(running), "post", "metadata-spot-checkpoint")
+    assert refused.status_code == 409
+    assert refused.json()["details"] == {"state": ["stopped"]}
+    assert "running" in refused.json()["message"]
+    assert fresh(running).checkpointed_at == saved  # unchanged
+    assert _meta(None, "post", "metadata-spot-checkpoint").status_code == 401
+
+
 def test_the_seed_holds_the_token_readable_by_root_only(tmp_path):
     from compute.drivers import cloudinit
     from compute.host_tasks import METADATA_ENV, metadata_files

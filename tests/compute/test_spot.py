@@ -219,6 +219,47 @@ def test_a_stopped_spot_vm_is_evicted_without_notice(world, sent):
         assert victim.eviction_deadline <= timezone.now()
 
 
+@pytest.mark.parametrize("saved", [None, 0, 1])
+def test_of_equally_few_victims_the_one_that_would_lose_the_least_work_goes(world, sent, saved):
+    # One of host B's two 4-GPU VMs makes room for a 4-GPU request. An eviction loses the
+    # work since the VM's start or its guest's last reported checkpoint: without a report
+    # the one started last goes; a checkpoint just reported makes that VM the one.
+    big = world["big"]
+    assert fresh(big[0]).running_since < fresh(big[1]).running_since
+    if saved is not None:
+        spot.checkpoint_report(vm=fresh(big[saved]))
+    vm = _on_demand(world, world["t4"])
+    assert vm.reserved_host_id == world["b"].pk
+    evicting = set(
+        VirtualMachine.objects.filter(state=VmState.EVICTING).values_list("pk", flat=True)
+    )
+    assert evicting == {big[1 if saved is None else saved].pk}
+
+
+def test_a_restart_counts_in_what_an_eviction_would_lose(world, sent):
+    # Host B's first VM, stopped and started again after the second started: its work is
+    # unsaved since that start, for less time, so it goes, though it was created first.
+    old, young = world["big"]
+    services.vm_stop(vm=fresh(old))
+    report(fresh(old), "shutoff")
+    services.vm_start(vm=fresh(old))
+    report(fresh(old), "running")
+    assert fresh(old).running_since > fresh(young).running_since
+    assert fresh(old).launched_at < fresh(young).launched_at  # still the first launched
+    _on_demand(world, world["t4"])
+    assert set(VirtualMachine.objects.filter(state=VmState.EVICTING)) == {fresh(old)}
+
+
+def test_a_stopped_spot_vm_goes_before_a_running_one(world, sent):
+    old, young = world["big"]
+    spot.checkpoint_report(vm=fresh(young))  # of two running ones, this one would go
+    services.vm_stop(vm=fresh(old))
+    report(fresh(old), "shutoff")
+    _on_demand(world, world["t4"])
+    (victim,) = VirtualMachine.objects.filter(state=VmState.EVICTING)
+    assert victim.pk == old.pk and victim.task_state == VmTask.STOPPING  # no notice to run
+
+
 def test_a_guaranteed_minimum_is_never_a_victim(world, sent):
     # The other project's two 4-GPU spot VMs are within its minimum of 8: host A's eight
     # small VMs are evicted instead.

@@ -194,6 +194,7 @@ NOT_IN_PORTAL = {
     # Not called by people in a browser.
     "GET /api/v1/metadata/spot/instance-action": "called by a guest with its metadata token",
     "POST /api/v1/metadata/spot/acknowledge": "called by a guest with its metadata token",
+    "POST /api/v1/metadata/spot/checkpoint": "called by a guest with its metadata token",
     "POST /api/v1/auth/login/": "the CLI's session for minting a token; the portal has its own "
     "log-in page (portal:login)",
     "POST /api/v1/auth/logout/": "the CLI's session; the portal logs out at portal:logout",

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from compute.choices import HostState, Priority, VmState
 from compute.models import VirtualMachine
+from compute.services import spot
 from controlplane.choices import AuditOutcome
 from controlplane.models import AuditEvent
 from controlplane.portal import reports
@@ -300,6 +301,18 @@ def test_a_spot_notice_counts_down(login, project, cloud):
     assert "Spot eviction notice" in state
     assert f'data-deadline="{deadline:%Y-%m-%dT%H:%M:%S}' in state
     assert "data-deadline" in client.get(url("vm-rows", project)).content.decode()
+
+
+def test_a_running_spot_vm_shows_its_last_reported_checkpoint(login, project, cloud):
+    vm = make_vm(project, template=cloud["cpu"], image=cloud["image"], priority=Priority.SPOT)
+    VirtualMachine.objects.filter(pk=vm.pk).update(state=VmState.RUNNING)
+    client = login(cloud["users"][Role.READER])
+    state = client.get(url("vm-state", project, pk=vm.pk)).content.decode()
+    assert "No checkpoint reported by the guest" in state
+    spot.checkpoint_report(vm=vm)
+    saved = VirtualMachine.objects.get(pk=vm.pk).checkpointed_at
+    state = client.get(url("vm-state", project, pk=vm.pk)).content.decode()
+    assert f"Last checkpoint reported by the guest: {saved:%Y-%m-%d %H:%M}." in state
 
 
 # --- networks ----------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ NOT_RESOURCES = {
     "auth/logout/": "mint_token logs in and out with the session, once",
     "metadata/spot/instance-action": "called by a guest with its metadata token, not by users",
     "metadata/spot/acknowledge": "called by a guest with its metadata token, not by users",
+    "metadata/spot/checkpoint": "called by a guest with its metadata token, not by users",
 }
 
 # Answers that are not a resource's items: (type, schema path, method).

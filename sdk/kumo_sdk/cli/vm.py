@@ -84,6 +84,8 @@ def _vm_details(vm: VirtualMachine) -> None:
             ),
             ("created", vm.created_at),
             ("launched", vm.launched_at),
+            ("running since", vm.running_since),
+            ("checkpointed", vm.checkpointed_at),
         ]
     )
 

@@ -63,7 +63,9 @@ class Nic:
 class VirtualMachine:
     """A VM. A spot VM being evicted has ``eviction_notice_at`` and ``eviction_deadline``
     (``evicted_at`` once done); a VM reclamation has scheduled shows ``reclaim_action``,
-    ``reclaim_reason`` and ``reclaim_at``. ``operation`` is the URL of the operation that
+    ``reclaim_reason`` and ``reclaim_at``. ``running_since`` (its last start) and
+    ``checkpointed_at`` (its guest's last reported checkpoint) say since when an eviction
+    would lose its work. ``operation`` is the URL of the operation that
     creates it, in a create's answer only."""
 
     id: str
@@ -91,6 +93,8 @@ class VirtualMachine:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     launched_at: datetime | None = None
+    running_since: datetime | None = None
+    checkpointed_at: datetime | None = None
     deleted_at: datetime | None = None
     eviction_notice_at: datetime | None = None
     eviction_deadline: datetime | None = None
