@@ -7,7 +7,8 @@ hosts x 8 A100 plus 8 CPU hosts, job sizes and durations shaped after the Philly
 on-demand at 55 % of the GPU capacity and spot at 75 %, so spot demand exceeds what is
 free), gives project ``p01`` a guaranteed minimum of 32 GPUs and project ``p02`` a lease of
 32 GPUs for two days from 40 % of the period (a tenth of it when shorter), replays it with boots of
-60 s, stops of 10 s and eviction notices of 30 s, and prints progress on stderr and one
+60 s, stops of 10 s and eviction notices of 30 s (spot jobs report each checkpoint, every
+30 minutes of their run, unless ``--no-checkpoint-reports``), and prints progress on stderr and one
 JSON line, last, on stdout (the keys of ``compute.replay.sim.Replay._figures``). Writes the
 plot to ``--plot`` (default ``goodput.png``).
 
@@ -40,6 +41,11 @@ def main() -> None:
     parser.add_argument("--plot", default="goodput.png")
     parser.add_argument("--trace", default="", help="replay this CSV instead of a generated one")
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument(
+        "--no-checkpoint-reports",
+        action="store_true",
+        help="spot guests checkpoint but do not tell Kumo (preemption knows only their starts)",
+    )
     args = parser.parse_args()
     with django_on_throwaway_database(DB_NAME, durable=False), tempfile.TemporaryDirectory() as tmp:
         from compute.replay import trace as traces
@@ -61,6 +67,7 @@ def main() -> None:
             cpu_hosts=args.cpu_hosts,
             guarantees={"p01": 32} if not args.trace else {},
             leases=[lease] if not args.trace else [],
+            checkpoint_reports=not args.no_checkpoint_reports,
             progress=log,
         )
         figures = replay.run()

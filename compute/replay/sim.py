@@ -133,9 +133,11 @@ class Replay:
         sample_s: float = 600.0,
         schedule_limit: int = 100,  # as many as the beat's pass tries
         seed: int = 0,  # the scheduler's start among equally good hosts
+        checkpoint_reports: bool = True,  # spot guests tell Kumo of each checkpoint
         progress=None,
     ):
         self.schedule_limit = schedule_limit
+        self.checkpoint_reports = checkpoint_reports
         self.seed = seed
         self.handled = 0  # events handled
         self.jobs = jobs
@@ -260,7 +262,16 @@ class Replay:
         else:
             self.spot_gpus += vm.job.gpus
         self._at(self.now_s + vm.job.duration_s - vm.progress, "end", vm.vm_id, vm.run)
+        self._checkpoint_due(vm, 1)
         self._mark()
+
+    def _checkpoint_due(self, vm: _Vm, n: int) -> None:
+        """A spot job's guest reports its ``n``-th checkpoint of this run, if it makes it
+        before its end (as ``_stop_began`` counts them: every ``checkpoint_s`` from its start)."""
+        if not self.checkpoint_reports or vm.job.priority != "spot":
+            return
+        if n * vm.job.checkpoint_s < vm.job.duration_s - vm.progress:
+            self._at(vm.run_start + n * vm.job.checkpoint_s, "checkpoint", vm.vm_id, vm.run, n)
 
     def _work_stopped(self, vm: _Vm) -> None:
         if not vm.working:
@@ -503,6 +514,17 @@ class Replay:
             return  # evicted meanwhile
         self._work_stopped(vm)
         compute.vm_delete(vm=VirtualMachine.objects.select_related("project", "host").get(pk=vm_id))
+
+    def _on_checkpoint(self, vm_id: str, run: int, n: int) -> None:
+        """The guest saved its work and says so, as through the metadata endpoint."""
+        from compute import services as compute
+        from compute.models import VirtualMachine
+
+        vm = self.vms[vm_id]
+        if run != vm.run or not vm.working:
+            return  # stopped meanwhile: its next start counts from its last checkpoint
+        compute.checkpoint_report(vm=VirtualMachine(pk=vm_id, name=f"j{vm.job.index}"))
+        self._checkpoint_due(vm, n + 1)
 
     def _on_report(
         self, host: str, vm_id: str, generation: int, power: str, operation_id: str

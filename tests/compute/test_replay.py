@@ -125,6 +125,26 @@ def test_a_spot_vm_evicted_twice_is_stopped_at_each_notices_end(tmp_path, capsys
     assert figures["on_demand_wait_p99_s"] <= 30 + 10 + 1
 
 
+@pytest.mark.parametrize("reports", [True, False])
+def test_spot_guests_that_report_checkpoints_lose_less_to_an_eviction(tmp_path, capsys, reports):
+    # Two 4-GPU spot jobs share the host, A running from 60 s and B from 1,060 s; both save
+    # every 1,800 s. At 1,900 s a 4-GPU on-demand request evicts one. A reported its
+    # checkpoint at 1,860 s: it goes and loses 70 s of work (to the stop at 1,930 s), 4 x 70
+    # GPU-seconds. Without reports Kumo knows only their starts: B, started last, goes and
+    # loses 870 s on 4 GPUs.
+    jobs = (
+        "0,7200,4,A100-SXM4-40GB,spot,lab-a",
+        "1000,7200,4,A100-SXM4-40GB,spot,lab-a",
+        "1900,600,4,A100-SXM4-40GB,on_demand,lab-b",
+    )
+    more = () if reports else ("--no-checkpoint-reports",)
+    figures = _replay(tmp_path, capsys, *jobs, more=more)
+    assert figures["evictions"] == 1 and figures["evictions_full_notice"] == 1.0
+    assert figures["spot_lost_gpu_h"] == (
+        round(4 * 70 / 3600, 1) if reports else round(4 * 870 / 3600, 1)
+    )
+
+
 def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_path, capsys):
     figures = _replay(
         tmp_path,

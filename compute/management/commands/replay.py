@@ -52,6 +52,11 @@ class Command(BaseCommand):
             help="write a synthetic trace first",
         )
         parser.add_argument("--seed", type=int, default=16)
+        parser.add_argument(
+            "--no-checkpoint-reports",
+            action="store_true",
+            help="spot guests checkpoint but do not tell Kumo (preemption knows their starts)",
+        )
 
     def handle(self, *args, **opts):
         if opts["generate"]:
@@ -79,6 +84,7 @@ class Command(BaseCommand):
             boot_s=opts["boot_s"],
             stop_s=opts["stop_s"],
             guarantees=guarantees,
+            checkpoint_reports=not opts["no_checkpoint_reports"],
             progress=lambda message: self.stderr.write(f"replay: {message}"),
         )
         with throwaway_database():
