@@ -92,9 +92,9 @@ def _key(victims: Sequence[Candidate], spoils: int) -> tuple:
 def _fewest_freed(host: HostView, req: Request) -> int:
     """The fewest GPUs any victim set on ``host`` frees for ``req`` (a lower bound): a whole
     node frees every GPU held, part of one at least what its fullest cell lacks."""
-    if not req.gpus or not host.cells:
+    if not req.gpus:
         return 0
-    free = [len(ids) for ids in host.cells.values()]
+    free = [len(ids) for ids in host.cells.values()] or [0]
     if req.gpus > max(host.cell_sizes.values(), default=0):
         return sum(host.cell_sizes.values()) - sum(free)
     return max(0, req.gpus - max(free))
