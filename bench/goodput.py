@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument(
         "--no-checkpoint-reports",
         action="store_true",
-        help="spot guests checkpoint but do not tell Kumo (preemption knows only their starts)",
+        help="spot guests checkpoint but do not tell Kumo (preemption knows their starts)",
     )
     args = parser.parse_args()
     with django_on_throwaway_database(DB_NAME, durable=False), tempfile.TemporaryDirectory() as tmp:

@@ -59,8 +59,7 @@ class Fleet:
 
     def kill(self, name: str, sig=signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+        _signal(proc, sig)
         proc.wait(timeout=30)
         proc._kumo_log.close()
 
@@ -70,15 +69,13 @@ class Fleet:
         procs = list(self.procs.values())
         self.procs.clear()
         for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+            _signal(proc, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                _signal(proc, signal.SIGKILL)
                 proc.wait(timeout=30)
             proc._kumo_log.close()
 
@@ -95,6 +92,12 @@ class Fleet:
                 + f"\n--- {path.name}: its tail\n{text[-3000:]}"
             )
         return "\n".join(parts)
+
+
+def _signal(proc: subprocess.Popen, sig) -> None:
+    """``sig`` to ``proc``'s whole process group (it started a session), if still there."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
 
 
 def start_topology(
@@ -123,5 +126,8 @@ def vm_rows() -> str:
     """Every VM as the database has it, one line each: what a timed-out wait saw last."""
     fields = ("id", "name", "state", "task_state", "host__name", "generation")
     fields += ("applied_generation", "power_state", "state_reason", "updated_at")
-    rows = VirtualMachine.objects.order_by("created_at").values_list(*fields)
+    try:
+        rows = list(VirtualMachine.objects.order_by("created_at").values_list(*fields))
+    except Exception as e:  # the timeout is the failure to report, not this
+        return f"--- VMs: not read ({e})"
     return "--- VMs (" + ", ".join(fields) + ")\n" + "\n".join(map(repr, rows))
