@@ -231,7 +231,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "controlplane.api.schema.KumoAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": [
-        "rest_framework.renderers.JSONRenderer",
+        "controlplane.api.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
