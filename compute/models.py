@@ -441,7 +441,8 @@ class CapacityGuarantee(models.Model):
 
 class Lease(ProjectOwnedModel):
     """A reservation (OpenStack Blazar's lease): ``gpus`` GPUs of ``gpu_model`` for the
-    project over ``[starts_at, ends_at)`` (``compute.leases``).
+    project over ``[starts_at, ends_at)`` (``compute.leases``), or ``hosts`` whole hosts of
+    that model (every GPU of each: ``gpus`` is their sum).
 
     Admission counts it against the fleet over time, with the guaranteed minimums and the
     on-demand VMs that hold GPUs now (which have no end). ``KUMO_LEASE_LEAD_S`` before its
@@ -454,6 +455,9 @@ class Lease(ProjectOwnedModel):
     name = models.CharField(max_length=63, validators=[hostname_validator])
     gpu_model = models.CharField(max_length=64)
     gpus = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    hosts = models.PositiveIntegerField(
+        null=True, blank=True, help_text="whole hosts reserved; empty: GPUs on any hosts"
+    )
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     state = models.CharField(

@@ -112,8 +112,15 @@ NOT_IN_SCHEMA = {
         "lease",
     },
     # A lease: not in the past, its end after its start and within the longest lease, a GPU
-    # model the fleet has.
-    "POST /api/v1/projects/{project_slug}/leases/": {"starts_at", "ends_at", "gpu_model"},
+    # model the fleet has; GPUs or whole hosts, one of the two (whole hosts of a model whose
+    # hosts all hold as many GPUs).
+    "POST /api/v1/projects/{project_slug}/leases/": {
+        "starts_at",
+        "ends_at",
+        "gpu_model",
+        "gpus",
+        "hosts",
+    },
     # Network: names of the project's objects, and addresses against CIDRs (an IPv4
     # network without host bits, a gateway and pool inside it, no overlap).
     "POST /api/v1/admin/global-ip-pools/": {"cidr", "gateway_ip", "pool_start", "pool_end"},

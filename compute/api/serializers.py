@@ -319,15 +319,21 @@ class LeaseSerializer(serializers.ModelSerializer):
     class Meta:
         model = Lease
         fields = [
-            "id", "project", "name", "gpu_model", "gpus", "starts_at", "ends_at", "state",
-            "state_reason", "created_by", "created_at", "ended_at",
+            "id", "project", "name", "gpu_model", "gpus", "hosts", "starts_at", "ends_at",
+            "state", "state_reason", "created_by", "created_at", "ended_at",
         ]  # fmt: skip
         read_only_fields = fields
 
 
 class LeaseCreateSerializer(serializers.Serializer):
     name = fields.CharField(max_length=63, validators=[hostname_validator])
-    gpus = serializers.IntegerField(min_value=1, max_value=4096)
+    gpus = serializers.IntegerField(
+        min_value=1, max_value=4096, required=False, help_text="GPUs, on any hosts"
+    )
+    hosts = serializers.IntegerField(
+        min_value=1, max_value=512, required=False,
+        help_text="whole hosts instead of GPUs: every GPU of each",
+    )  # fmt: skip
     gpu_model = fields.CharField(
         max_length=64, required=False, allow_blank=True, default="",
         help_text="empty: the fleet's one GPU model",

@@ -1,5 +1,6 @@
 """Reservations (OpenStack Blazar's leases, GCP's calendar reservations): a project holds
-``gpus`` GPUs of a model over ``[starts_at, ends_at)``.
+``gpus`` GPUs of a model over ``[starts_at, ends_at)``, or ``hosts`` whole hosts of it
+(every GPU of each; admission then counts hosts too: see "whole hosts" below).
 
 What a lease holds, and when:
 
@@ -38,11 +39,12 @@ restarted mid-way carries on where it was.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from compute import guarantees, placement
@@ -68,26 +70,115 @@ def _fits(model: str, gpus: int, start: datetime, end: datetime, *, fleet: int, 
     return base + guarantees.leased_peak(model, start, end) + gpus <= fleet
 
 
-def earliest_fit(
-    model: str, gpus: int, start: datetime, end: datetime, *, fleet: int, base: int
-) -> datetime | None:
+def earliest_fit(model: str, start: datetime, end: datetime, fits) -> datetime | None:
     """The earliest start, at or after ``start``, of a period as long as ``[start, end)``
-    that fits; None when none does (what is promised now leaves too little)."""
-    if base + gpus > fleet:
-        return None
+    for which ``fits(start, end)`` holds; None when none does (what is promised now leaves
+    too little): the candidates are ``start`` and the end of each lease of ``model``."""
     length = end - start
     candidates = sorted(
         {start} | {e for _s, e, _n in guarantees.lease_intervals(model, start) if e > start}
     )
     for candidate in candidates:
-        if _fits(model, gpus, candidate, candidate + length, fleet=fleet, base=base):
+        if fits(candidate, candidate + length):
             return candidate
-    return None  # unreachable while the last lease's end is a candidate
+    return None
 
 
-def _check(project, name: str, gpus, starts_at, ends_at, now) -> None:
-    if not isinstance(gpus, int) or gpus < 1:
+# --- whole hosts ------------------------------------------------------------------------------
+#
+# A lease of whole hosts takes every GPU of each of its hosts. GPUs counted alone would admit
+# one that finds no host whole at its start: other leases and on-demand VMs hold a few GPUs
+# on every host. So while a lease of whole hosts is in question (asked for, or overlapping
+# the one asked for), admission also counts hosts: the hosts on-demand work holds now or may
+# take, and at each instant the hosts every lease takes (a lease of GPUs as many as its
+# GPUs fill: it takes whole hosts first, ``_choose_devices``).
+
+
+def gpus_per_host(model: str) -> int | None:
+    """GPUs of ``model`` on each host that has them (hosts not down), when every such host
+    has as many; None when they differ or no host has any."""
+    counts = set(
+        Device.objects.filter(kind=DeviceKind.GPU, model=model, present=True)
+        .exclude(host__state=HostState.DOWN)
+        .values("host_id")
+        .annotate(n=Count("pk"))
+        .values_list("n", flat=True)
+        .order_by()
+    )
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _hosts_taken(model: str, per_host: int, start: datetime, end: datetime) -> tuple[int, bool]:
+    """The most hosts of ``model`` that leases take at one instant of ``[start, end)``, and
+    whether a lease of whole hosts is among them."""
+    rows = Lease.objects.filter(
+        gpu_model=model, state__in=HOLDING, ends_at__gt=start, starts_at__lt=end
+    ).values_list("starts_at", "ends_at", "gpus", "hosts")
+    intervals, whole = [], False
+    for s, e, gpus, hosts in rows.order_by():
+        intervals.append((s, e, hosts or -(-gpus // per_host)))
+        whole |= hosts is not None
+    return guarantees.peak(intervals, start, end), whole
+
+
+def _hosts_pinned(model: str, per_host: int) -> int:
+    """Hosts of ``model`` that on-demand work holds now (an on-demand VM outside a lease on
+    one of its GPUs) or may take: as many more as the guaranteed GPUs not in use fill."""
+    pinned = (
+        Device.objects.filter(
+            kind=DeviceKind.GPU,
+            model=model,
+            present=True,
+            lease__isnull=True,
+            vm__priority=Priority.ON_DEMAND,
+        )
+        .exclude(host__state=HostState.DOWN)
+        .values("host_id")
+        .distinct()
+        .count()
+    )
+    in_use = sum(guarantees._on_demand_use("gpus", Q(gpu_model=model, gpus__gt=0)).values())
+    unused = max(guarantees.committed(model) - in_use, 0)
+    return pinned + -(-unused // per_host)
+
+
+@dataclass(frozen=True)
+class _Hosts:
+    """What admission counts in hosts of a model, read once per decision."""
+
+    per_host: int
+    total: int
+    pinned: int
+
+    @classmethod
+    def read(cls, model: str) -> _Hosts | None:
+        per_host = gpus_per_host(model)
+        if per_host is None:
+            return None
+        total = (
+            Host.objects.exclude(state=HostState.DOWN)
+            .filter(devices__kind=DeviceKind.GPU, devices__model=model, devices__present=True)
+            .distinct()
+            .count()
+        )
+        return cls(per_host=per_host, total=total, pinned=_hosts_pinned(model, per_host))
+
+    def free(self, model: str, start: datetime, end: datetime, *, whole: bool) -> int | None:
+        """Hosts no one takes at any instant of ``[start, end)``; None when no lease of
+        whole hosts is in question (``whole``: the one asked for is)."""
+        taken, overlapping = _hosts_taken(model, self.per_host, start, end)
+        if not (whole or overlapping):
+            return None
+        return self.total - self.pinned - taken
+
+
+def _check(project, name: str, gpus, hosts, starts_at, ends_at, now) -> None:
+    if (gpus is None) == (hosts is None):
+        raise InvalidInput.field("gpus", "give either gpus or hosts (whole hosts), not both")
+    if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
         raise InvalidInput.field("gpus", "must be 1 or more")
+    if hosts is not None and (not isinstance(hosts, int) or hosts < 1):
+        raise InvalidInput.field("hosts", "must be 1 or more")
     if ends_at <= starts_at:
         raise InvalidInput.field("ends_at", "must be after starts_at")
     if ends_at <= now:
@@ -107,19 +198,21 @@ def lease_create(
     *,
     project,
     name: str,
-    gpus: int,
     starts_at: datetime,
     ends_at: datetime,
+    gpus: int | None = None,
+    hosts: int | None = None,
     gpu_model: str = "",
     actor=None,
 ) -> Lease:
-    """Reserve ``gpus`` GPUs of ``gpu_model`` for ``project`` over ``[starts_at, ends_at)``;
-    409 with the earliest period that fits when the fleet cannot hold it."""
+    """Reserve ``gpus`` GPUs of ``gpu_model``, or ``hosts`` whole hosts of it, for
+    ``project`` over ``[starts_at, ends_at)``; 409 with the earliest period that fits when
+    the fleet cannot hold it."""
     from compute.services.lifecycle import require_active
 
     require_active(project)
     now = timezone.now()
-    _check(project, name, gpus, starts_at, ends_at, now)
+    _check(project, name, gpus, hosts, starts_at, ends_at, now)
     starts_at = max(starts_at, now)
     with transaction.atomic():
         # The locks of guarantee_set, then of on-demand admission of the model: a lease,
@@ -135,47 +228,97 @@ def lease_create(
         if gpu_model not in models:
             raise InvalidInput.field("gpu_model", f"the fleet has no {gpu_model} GPUs")
         guarantees._advisory_lock(f"kumo.guarantee.gpu.{gpu_model}")
+        whole = _Hosts.read(gpu_model)
+        if hosts is not None:
+            if whole is None:
+                raise InvalidInput.field(
+                    "hosts",
+                    f"the fleet's {gpu_model} hosts hold different numbers of GPUs: "
+                    "reserve GPUs instead",
+                )
+            gpus = hosts * whole.per_host
         fleet, base = models[gpu_model], guarantees.committed(gpu_model)
-        if not _fits(gpu_model, gpus, starts_at, ends_at, fleet=fleet, base=base):
-            _refuse(gpu_model, gpus, starts_at, ends_at, fleet=fleet, base=base)
+        asked = _Asked(gpu_model, gpus, hosts, fleet, base, whole)
+        if not asked.fits(starts_at, ends_at):
+            asked.refuse(starts_at, ends_at)
         lease = Lease.objects.create(
             project=project,
             name=name,
             gpu_model=gpu_model,
             gpus=gpus,
+            hosts=hosts,
             starts_at=starts_at,
             ends_at=ends_at,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
         )
-        audit.record(
-            "lease.create",
-            lease,
-            project=project,
-            detail={
-                "gpus": gpus,
-                "gpu_model": gpu_model,
-                "starts_at": starts_at.isoformat(),
-                "ends_at": ends_at.isoformat(),
-            },
-        )
+        detail = {
+            "gpus": gpus,
+            "gpu_model": gpu_model,
+            "starts_at": starts_at.isoformat(),
+            "ends_at": ends_at.isoformat(),
+        }
+        if hosts is not None:
+            detail["hosts"] = hosts
+        audit.record("lease.create", lease, project=project, detail=detail)
     return lease
 
 
-def _refuse(model, gpus, start, end, *, fleet: int, base: int):
-    later = earliest_fit(model, gpus, start, end, fleet=fleet, base=base)
-    busy = guarantees.leased_peak(model, start, end)
-    message = (
-        f"{gpus} {model} GPUs do not fit from {start.isoformat()} to {end.isoformat()}: the "
-        f"fleet has {fleet}, guarantees and on-demand VMs hold {base}, other leases up to {busy}"
-    )
-    details = {"gpus": [f"more than the fleet can reserve then ({fleet - base - busy} free)"]}
-    if later is not None:
-        message += f"; the earliest period that fits starts at {later.isoformat()}"
-        details["earliest_starts_at"] = [later.isoformat()]
-        details["earliest_ends_at"] = [(later + (end - start)).isoformat()]
-    else:
-        message += "; no period fits while today's on-demand use lasts"
-    raise Conflict(message, code="no_capacity", details=details)
+@dataclass(frozen=True)
+class _Asked:
+    """A lease asked for, and what its admission weighs."""
+
+    model: str
+    gpus: int
+    hosts: int | None
+    fleet: int
+    base: int
+    whole: _Hosts | None
+
+    def hosts_free(self, start: datetime, end: datetime) -> int | None:
+        if self.whole is None:
+            return None
+        return self.whole.free(self.model, start, end, whole=self.hosts is not None)
+
+    def hosts_needed(self) -> int:
+        return self.hosts or -(-self.gpus // self.whole.per_host)
+
+    def fits(self, start: datetime, end: datetime) -> bool:
+        if not _fits(self.model, self.gpus, start, end, fleet=self.fleet, base=self.base):
+            return False
+        free = self.hosts_free(start, end)
+        return free is None or self.hosts_needed() <= free
+
+    def refuse(self, start: datetime, end: datetime):
+        later = earliest_fit(self.model, start, end, self.fits)
+        busy = guarantees.leased_peak(self.model, start, end)
+        free = self.fleet - self.base - busy
+        if free < self.gpus:
+            message = (
+                f"{self.gpus} {self.model} GPUs do not fit from {start.isoformat()} to "
+                f"{end.isoformat()}: the fleet has {self.fleet}, guarantees and on-demand VMs "
+                f"hold {self.base}, other leases up to {busy}"
+            )
+            details = {"gpus": [f"more than the fleet can reserve then ({free} free)"]}
+        else:
+            hosts_free = self.hosts_free(start, end)
+            taken = self.whole.total - self.whole.pinned - hosts_free
+            message = (
+                f"{self.hosts_needed()} whole {self.model} hosts do not fit from "
+                f"{start.isoformat()} to {end.isoformat()}: the fleet has {self.whole.total}, "
+                f"on-demand VMs and guarantees hold or may take {self.whole.pinned}, other "
+                f"leases up to {taken}"
+            )
+            field = "hosts" if self.hosts is not None else "gpus"
+            details = {
+                field: [f"more whole hosts than the fleet can reserve then ({hosts_free} free)"]
+            }
+        if later is not None:
+            message += f"; the earliest period that fits starts at {later.isoformat()}"
+            details["earliest_starts_at"] = [later.isoformat()]
+            details["earliest_ends_at"] = [(later + (end - start)).isoformat()]
+        else:
+            message += "; no period fits while today's on-demand use lasts"
+        raise Conflict(message, code="no_capacity", details=details)
 
 
 # --- cancel -----------------------------------------------------------------------------------
@@ -288,7 +431,8 @@ def _prepare(lease: Lease, now: datetime) -> None:
 def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
     """(device, host) pairs for ``lease``: GPUs of its model on hosts that are up, held by
     no lease over an overlapping period and by no VM but a spot one; whole hosts first
-    (its VMs need whole cells), free GPUs before those spot VMs use."""
+    (its VMs need whole cells), free GPUs before those spot VMs use. A lease of whole hosts
+    takes only hosts all of whose GPUs are such, every GPU of each."""
     overlapping = LeaseAllocation.objects.filter(
         starts_at__lt=lease.ends_at, ends_at__gt=lease.starts_at
     ).values("device_id")
@@ -312,6 +456,9 @@ def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
         by_host.values(),
         key=lambda devices: (-len(devices), sum(d[2] is not None for d in devices), devices[0][1]),
     )
+    if lease.hosts is not None:
+        per_host = lease.gpus // lease.hosts
+        hosts = [devices for devices in hosts if len(devices) == per_host][: lease.hosts]
     chosen = []
     for devices in hosts:
         for pk, host_id, _vm, _cell, _pci in sorted(
@@ -430,10 +577,17 @@ def _finish(lease: Lease, *, state: str, at: datetime | None = None, why: str = 
 
 
 def _at_risk(lease: Lease, held: int) -> None:
-    message = (
-        f"lease {lease.name} holds {held} of its {lease.gpus} {lease.gpu_model} GPUs: "
-        "hosts left service since it was admitted"
-    )
+    if lease.hosts is None:
+        message = (
+            f"lease {lease.name} holds {held} of its {lease.gpus} {lease.gpu_model} GPUs: "
+            "hosts left service since it was admitted"
+        )
+    else:
+        message = (
+            f"lease {lease.name} holds {held} of its {lease.gpus} {lease.gpu_model} GPUs "
+            f"({lease.hosts} whole hosts): hosts left service, or on-demand VMs took GPUs on "
+            "the hosts it needed, since it was admitted"
+        )
     audit.record(
         "lease.at_risk",
         lease,

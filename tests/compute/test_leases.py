@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from compute import services
-from compute.choices import LeaseState, Priority, VmState
+from compute.choices import HostState, LeaseState, Priority, VmState
 from compute.models import Device, Lease, LeaseAllocation
 from compute.services import leases, spot
 from controlplane.errors import Conflict, InvalidInput
@@ -270,3 +270,100 @@ def test_the_tick_is_idempotent(sent):
     assert leases.leases_tick(now=at)["prepared"] == 1
     assert leases.leases_tick(now=at) == {"prepared": 0, "started": 0, "warned": 0, "ended": 0}
     assert LeaseAllocation.objects.filter(lease=lease).count() == 2
+
+
+@pytest.mark.django_db
+def test_a_lease_of_whole_hosts_takes_every_gpu_of_hosts_no_one_else_holds(sent):
+    hosts = [make_host(f"gpu-{c}") for c in "abc"]
+    mine, other, guaranteed = roomy_project(), roomy_project(), roomy_project()
+    pinning = make_vm(other, template=make_template(gpus=1))  # on demand: it pins its host
+    pinned_host = fresh(pinning).host
+    # A guarantee not in use may pin a host of its own once its project asks.
+    services.guarantee_set(project=guaranteed, min_gpus=1, gpu_model=MODEL)
+    borrower = make_vm(other, template=make_template(gpus=4), priority=Priority.SPOT)
+    report(fresh(borrower), "running")
+    start, end = hour(1), hour(3)
+    lease = services.lease_create(
+        project=mine, name="nodes", hosts=1, starts_at=start, ends_at=end, gpu_model=MODEL
+    )
+    assert (lease.hosts, lease.gpus) == (1, 8)
+    audit = AuditEvent.objects.get(action="lease.create", object_id=str(lease.pk))
+    assert audit.detail["hosts"] == 1
+
+    # Two whole hosts: 22 GPUs are free, but the on-demand VM and the guarantee leave only
+    # one host whole.
+    with pytest.raises(Conflict) as refused:
+        services.lease_create(
+            project=mine, name="two", hosts=2, starts_at=hour(5), ends_at=hour(6), gpu_model=MODEL
+        )
+    assert "hosts" in refused.value.details and "whole" in refused.value.message
+    assert "no period fits" in refused.value.message
+    # While it overlaps, a lease of GPUs counts the hosts its GPUs fill: 4 GPUs fit by
+    # count (14 free) but no host is left whole for them, until the lease of hosts ends.
+    with pytest.raises(Conflict) as refused:
+        reserve(other, 4, hour(2), hour(4), name="gpus")
+    assert "whole" in refused.value.message
+    assert refused.value.details["earliest_starts_at"] == [end.isoformat()]
+    assert reserve(other, 4, end, hour(4), name="after").gpus == 4
+
+    # Its lead: every GPU of the one host on-demand work leaves whole; the spot VM there
+    # (if any) gets its notice.
+    services.leases_tick(now=start - LEAD)
+    held = Device.objects.filter(lease=lease)
+    assert held.count() == 8
+    (host_id,) = set(held.values_list("host_id", flat=True))
+    assert host_id != pinned_host.pk and host_id in {h.pk for h in hosts}
+    borrower = fresh(borrower)
+    if borrower.host_id == host_id:
+        assert borrower.state == VmState.EVICTING
+        spot.evictions_reap(now=borrower.eviction_deadline)
+        report(fresh(borrower), "shutoff")
+    # From its start an 8-GPU VM runs in it: a whole host is what it needs.
+    services.leases_tick(now=start)
+    worker = make_vm(mine, template=make_template(gpus=8), lease=lease)
+    worker = fresh(worker)
+    assert worker.state == VmState.PROVISIONING and worker.host_id == host_id
+
+
+@pytest.mark.django_db
+def test_whole_hosts_bad_input_names_the_field():
+    host = make_host("gpu-a")
+    make_host("gpu-b")
+    project = roomy_project()
+    for fields, field in [
+        (dict(gpus=8, hosts=1), "gpus"),
+        (dict(), "gpus"),
+        (dict(hosts=0), "hosts"),
+    ]:
+        with pytest.raises(InvalidInput) as bad:
+            services.lease_create(
+                project=project, name="x", starts_at=hour(1), ends_at=hour(2), gpu_model=MODEL,
+                **fields,
+            )  # fmt: skip
+        assert field in bad.value.details
+    # Hosts holding different numbers of GPUs have no one size of "a whole host".
+    Device.objects.filter(pk__in=Device.objects.filter(host=host).values("pk")[:2]).update(
+        present=False
+    )
+    with pytest.raises(InvalidInput) as bad:
+        services.lease_create(
+            project=project, name="x", hosts=1, starts_at=hour(1), ends_at=hour(2), gpu_model=MODEL
+        )
+    assert "different numbers" in bad.value.details["hosts"][0]
+
+
+@pytest.mark.django_db
+def test_a_lease_of_whole_hosts_that_finds_none_whole_holds_nothing_and_says_so(sent):
+    make_host("gpu-a")
+    spare = make_host("gpu-b")
+    mine, other = roomy_project(), roomy_project()
+    lease = services.lease_create(
+        project=mine, name="node", hosts=1, starts_at=hour(1), ends_at=hour(2), gpu_model=MODEL
+    )
+    make_vm(other, template=make_template(gpus=1))  # on demand, after the admission
+    services.host_set_state(host=spare, state=HostState.MAINTENANCE)
+    services.leases_tick(now=hour(1) - LEAD)
+    # Seven GPUs are free, all on the host the on-demand VM uses: none of them is taken.
+    assert not Device.objects.filter(lease=lease).exists()
+    alert = Event.objects.get(kind="lease.at_risk", project=mine)
+    assert "holds 0 of its 8" in alert.message and "1 whole hosts" in alert.message
