@@ -367,7 +367,14 @@ class LeaseForm(forms.Form):
     """A reservation: ``compute.services.lease_create`` decides whether the fleet holds it."""
 
     name = name_field(label=_("Name"))
-    gpus = forms.IntegerField(min_value=1, max_value=4096, label=_("GPUs"))
+    gpus = forms.IntegerField(min_value=1, max_value=4096, label=_("GPUs"), required=False)
+    hosts = forms.IntegerField(
+        min_value=1,
+        max_value=512,
+        label=_("Or whole hosts"),
+        required=False,
+        help_text=_("Every GPU of each host: for VMs that need a whole host."),
+    )
     gpu_model = forms.ChoiceField(label=_("GPU model"), required=False)
     starts_at = forms.DateTimeField(
         label=_("Start"), widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
@@ -387,6 +394,8 @@ class LeaseForm(forms.Form):
         v = super().clean()
         if v.get("starts_at") and v.get("ends_at") and v["ends_at"] <= v["starts_at"]:
             self.add_error("ends_at", _("The end must be after the start."))
+        if (v.get("gpus") is None) == (v.get("hosts") is None) and not self.has_error("gpus"):
+            self.add_error("gpus", _("Give either GPUs or whole hosts."))
         return v
 
 

@@ -83,6 +83,16 @@ def test_an_admin_reserves_and_the_lease_is_on_the_timeline(login, project, clou
     assert event.actor == admin and event.source == "portal"
 
 
+def test_an_admin_reserves_a_whole_host(login, project, cloud):
+    response = login(project.owner).post(
+        url("leases", project), form(name="node", gpus="", hosts="1"), follow=True
+    )
+    html = response.content.decode()
+    assert "Lease node reserved: 1 whole hosts (8 A100-SXM4-40GB GPUs)" in html
+    assert "(whole hosts: 1)" in html
+    assert Lease.objects.for_project(project).get(name="node").hosts == 1
+
+
 def test_a_refusal_shows_the_earliest_period_that_fits(login, project, cloud):
     reserve(project, 8, at(1), at(3), "first")
     response = login(project.owner).post(
@@ -105,6 +115,9 @@ def test_a_refusal_shows_the_earliest_period_that_fits(login, project, cloud):
         ({"name": "Not A Name"}, "name", ""),
         ({"starts_at": "tomorrow"}, "starts_at", "valid date/time"),
         ({"gpu_model": "H100"}, "gpu_model", "valid choice"),
+        ({"hosts": "1"}, "gpus", "either GPUs or whole hosts"),
+        ({"gpus": ""}, "gpus", "either GPUs or whole hosts"),
+        ({"gpus": "", "hosts": "0"}, "hosts", "greater than or equal to 1"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(login, project, cloud, data, field, says):

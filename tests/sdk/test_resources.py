@@ -246,3 +246,11 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     assert "Lease later: 2 x A100-SXM4-40GB" in made.stderr
     assert "is cancelled" in logged_in("lease", "cancel", "later").stderr
     assert kumo.leases.cancel(lease.id).state == "cancelled"
+    # Whole hosts: every GPU of each.
+    whole = kumo.leases.create("node", hosts=1, starts_at=start, ends_at=start + timedelta(hours=1))
+    assert (whole.hosts, whole.gpus) == (1, 8)
+    made = logged_in("lease", "create", "now", "--hosts", "1", "--start", "now", "--hours", "1")
+    assert "Lease now: 1 hosts (8 x A100-SXM4-40GB)" in made.stderr
+    both = logged_in("lease", "create", "x", "--gpus", "1", "--hosts", "1", "--start", "now",
+                     "--hours", "1", ok=False)  # fmt: skip
+    assert both.exit_code == 1 and "(400" in both.stderr and "gpus" in both.stderr

@@ -92,15 +92,23 @@ def leases(request, project):
                     earliest = _earliest(e)
             else:
                 start, end = timezone.localtime(lease.starts_at), timezone.localtime(lease.ends_at)
-                messages.success(
-                    request,
-                    _(
+                if lease.hosts is None:
+                    text = _(
                         "Lease %(name)s reserved: %(gpus)s %(gpu_model)s GPUs from %(start)s "
                         "to %(end)s %(zone)s."
                     )
+                else:
+                    text = _(
+                        "Lease %(name)s reserved: %(hosts)s whole hosts (%(gpus)s %(gpu_model)s "
+                        "GPUs) from %(start)s to %(end)s %(zone)s."
+                    )
+                messages.success(
+                    request,
+                    text
                     % {
                         "name": lease.name,
                         "gpus": lease.gpus,
+                        "hosts": lease.hosts,
                         "gpu_model": lease.gpu_model,
                         "start": f"{start:%Y-%m-%d %H:%M}",
                         "end": f"{end:%Y-%m-%d %H:%M}",

@@ -13,11 +13,17 @@ app = group("Leases: GPUs reserved for the project over a period (its VMs run in
 COLUMNS = ["ID", "NAME", "GPUS", "STARTS", "ENDS", "STATE"]
 
 
+def _size(lease) -> str:
+    """``8 x A100``, or ``2 hosts (16 x A100)`` for a lease of whole hosts."""
+    gpus = f"{lease.gpus} x {lease.gpu_model}"
+    return gpus if lease.hosts is None else f"{lease.hosts} hosts ({gpus})"
+
+
 def _row(lease):
     return [
         lease.id,
         lease.name,
-        f"{lease.gpus} x {lease.gpu_model}",
+        _size(lease),
         f"{lease.starts_at:%Y-%m-%d %H:%M}",
         f"{lease.ends_at:%Y-%m-%d %H:%M}",
         lease.state,
@@ -54,19 +60,23 @@ def lease_list(ctx: typer.Context, json: Json = False) -> None:
 def lease_create(
     ctx: typer.Context,
     name: str,
-    gpus: Annotated[int, typer.Option(help="How many GPUs.")],
     start: Annotated[str, typer.Option(help="ISO 8601 time (UTC unless it says), or now.")],
     hours: Annotated[str, typer.Option(help="How long, in hours.")],
+    gpus: Annotated[int | None, typer.Option(help="How many GPUs, on any hosts.")] = None,
+    hosts: Annotated[
+        int | None, typer.Option(help="How many whole hosts (every GPU of each), not --gpus.")
+    ] = None,
     gpu_model: Annotated[str, typer.Option(help="The GPU model (the fleet's one if empty).")] = "",
     json: Json = False,
 ) -> None:
-    """Reserve GPUs (project admins). When they do not fit, the answer names the earliest
-    period that does."""
+    """Reserve GPUs, or whole hosts (project admins). When they do not fit, the answer names
+    the earliest period that does."""
     begin = _when(start)
     with connect(ctx) as kumo:
         made = kumo.leases.create(
             name,
             gpus=gpus,
+            hosts=hosts,
             starts_at=begin,
             ends_at=begin + _hours(hours),
             gpu_model=gpu_model,
@@ -75,7 +85,7 @@ def lease_create(
     if json:
         return output.emit_json(made.raw)
     output.note(
-        f"Lease {made.name}: {made.gpus} x {made.gpu_model} from {made.starts_at:%Y-%m-%d %H:%M} "
+        f"Lease {made.name}: {_size(made)} from {made.starts_at:%Y-%m-%d %H:%M} "
         f"to {made.ends_at:%Y-%m-%d %H:%M} UTC ({made.state}). Create VMs in it with "
         f"`kumo vm create ... --lease {made.name}`."
     )

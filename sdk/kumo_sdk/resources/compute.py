@@ -68,7 +68,8 @@ class PlacementGroups(Resource[PlacementGroup]):
 
 class Leases(Resource[Lease]):
     """Reservations of GPUs over a period. ``create(name, gpus=n, starts_at=..., ends_at=...,
-    gpu_model=...)`` (admins; datetimes or ISO 8601 strings) answers 409 when it does not fit,
+    gpu_model=...)``, or ``hosts=n`` for whole hosts instead of ``gpus`` (admins; datetimes or
+    ISO 8601 strings), answers 409 when it does not fit,
     with the earliest period that does in ``details["earliest_starts_at"]``; ``cancel``
     drops one not started (billed nothing) or ends one now (its VMs are shelved). ``list``
     filters: ``state``, ``ends_after`` and ``starts_before`` (a calendar's window)."""
@@ -86,19 +87,23 @@ class Leases(Resource[Lease]):
         self,
         name: str,
         *,
-        gpus: int,
         starts_at: Any,
         ends_at: Any,
+        gpus: int | None = None,
+        hosts: int | None = None,
         gpu_model: str = "",
         project: str | None = None,
     ) -> Lease:
-        body = {
+        body: dict[str, Any] = {
             "name": name,
-            "gpus": gpus,
             "gpu_model": gpu_model,
             "starts_at": _iso(starts_at),
             "ends_at": _iso(ends_at),
         }
+        if gpus is not None:
+            body["gpus"] = gpus
+        if hosts is not None:
+            body["hosts"] = hosts
         return self._decode(self._c.post(self._base(project), body))
 
     def cancel(self, key: Any, *, project: str | None = None) -> Lease:

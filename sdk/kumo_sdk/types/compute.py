@@ -123,15 +123,17 @@ class PlacementGroup:
 
 @dataclass(frozen=True)
 class Lease:
-    """A reservation of ``gpus`` GPUs of ``gpu_model`` over ``[starts_at, ends_at)``:
-    scheduled, preparing (its GPUs held, spot VMs on them noticed), active, ended or
-    cancelled. VMs created in it (``vms.create(..., lease=name)``) run on its GPUs."""
+    """A reservation of ``gpus`` GPUs of ``gpu_model`` over ``[starts_at, ends_at)``, or of
+    ``hosts`` whole hosts (every GPU of each; None for a lease of GPUs): scheduled,
+    preparing (its GPUs held, spot VMs on them noticed), active, ended or cancelled. VMs
+    created in it (``vms.create(..., lease=name)``) run on its GPUs."""
 
     id: int = 0
     project: str = ""
     name: str = ""
     gpu_model: str = ""
     gpus: int = 0
+    hosts: int | None = None
     starts_at: datetime | None = None
     ends_at: datetime | None = None
     state: str = ""
