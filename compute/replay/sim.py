@@ -46,7 +46,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import random
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -403,9 +405,12 @@ class Replay:
         from django.utils import timezone
 
         from compute import placement
+        from compute.models import VirtualMachine
         from compute.services import spot
         from controlplane.celery import app
 
+        ids = random.Random(self.seed)
+        self._vm_id = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
         wall = time.monotonic()
         with (
             mock.patch.object(timezone, "now", self.now),
@@ -416,6 +421,9 @@ class Replay:
             # so they are reloaded every ten simulated minutes, and a request that does not
             # fit need not reload them to be sure.
             mock.patch.object(placement, "view_clock", lambda: self.now_s),
+            # A VM's id breaks the last ties (of victims equal by every measure): drawn from
+            # the seed, the same in every replay of the trace.
+            mock.patch.object(VirtualMachine._meta.pk, "_get_default", self._vm_id),
             override_settings(
                 SCHEDULER_VIEW_TTL_S=600.0,
                 SCHEDULER_FRESH_AFTER_S=3600.0,

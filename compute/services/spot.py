@@ -238,7 +238,9 @@ class _EvictableIndex:
     def _lists(self) -> dict[int, tuple[tuple[Candidate, ...], frozenset]]:
         for host_id, vms in self.hosts.items():
             if host_id not in self.lists:
-                cands = tuple(vms.values())
+                # In one order whatever order the database read them in: of two sets equal
+                # by every measure, the search keeps the first it meets.
+                cands = tuple(sorted(vms.values(), key=lambda c: (c.started, c.vm_id)))
                 models = frozenset(self.model[c.vm_id] for c in cands if c.gpus)
                 self.lists[host_id] = (cands, models)
         return self.lists

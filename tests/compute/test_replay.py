@@ -4,8 +4,10 @@ its figures are consistent (GPU-hours add up to the capacity, every eviction had
 notice, the guarantee and the lease were honoured) and the trace format is checked line by line."""
 
 import json
+import os
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from compute.replay import trace as traces
@@ -222,3 +224,27 @@ def test_a_trace_replayed_twice_places_every_job_alike(tmp_path):
         replayed()
     assert runs[0] == runs[1]
     assert len(set(runs[0][0].values())) >= 2  # hosts were chosen among, at random but seeded
+
+
+def test_a_replay_program_runs_with_the_fixed_string_hash_seed():
+    """``fixed_hash_seed`` runs the program again with ``PYTHONHASHSEED`` fixed: whatever seed
+    it was started with, strings hash alike (the replay's figures depend on it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from compute.replay import fixed_hash_seed; fixed_hash_seed(); "
+        "import os; print(os.environ['PYTHONHASHSEED'], hash('kumo'))"
+    )
+    printed = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=settings.BASE_DIR,
+        ).stdout
+        for seed in ("1", "2", "random")
+    }
+    assert len(printed) == 1 and printed.pop().startswith("0 ")

@@ -12,6 +12,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from compute.replay import fixed_hash_seed
 from compute.replay import trace as traces
 from compute.replay.database import throwaway_database
 from compute.replay.sim import Replay
@@ -59,6 +60,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
+        if sys.argv[1:2] == ["replay"]:  # run as ``manage.py replay``, not by call_command
+            fixed_hash_seed()
         if opts["generate"]:
             n = traces.generate(
                 opts["trace"], days=opts["generate"], gpu_hosts=opts["gpu_hosts"], seed=opts["seed"]
