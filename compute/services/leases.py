@@ -174,7 +174,7 @@ class _Hosts:
 
 def _check(project, name: str, gpus, hosts, starts_at, ends_at, now) -> None:
     if (gpus is None) == (hosts is None):
-        raise InvalidInput.field("gpus", "give either gpus or hosts (whole hosts), not both")
+        raise InvalidInput.field("gpus", "give gpus or hosts (whole hosts): one of the two")
     if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
         raise InvalidInput.field("gpus", "must be 1 or more")
     if hosts is not None and (not isinstance(hosts, int) or hosts < 1):
