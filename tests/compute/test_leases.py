@@ -354,13 +354,14 @@ def test_whole_hosts_bad_input_names_the_field():
 
 @pytest.mark.django_db
 def test_a_lease_of_whole_hosts_that_finds_none_whole_holds_nothing_and_says_so(sent):
-    make_host("gpu-a")
-    spare = make_host("gpu-b")
+    hosts = [make_host("gpu-a"), make_host("gpu-b")]
     mine, other = roomy_project(), roomy_project()
     lease = services.lease_create(
         project=mine, name="node", hosts=1, starts_at=hour(1), ends_at=hour(2), gpu_model=MODEL
     )
-    make_vm(other, template=make_template(gpus=1))  # on demand, after the admission
+    vm = fresh(make_vm(other, template=make_template(gpus=1)))  # on demand, after the admission
+    # Whichever of the two equally good hosts it went to, the other one goes away.
+    (spare,) = [h for h in hosts if h.pk != vm.host_id]
     services.host_set_state(host=spare, state=HostState.MAINTENANCE)
     services.leases_tick(now=hour(1) - LEAD)
     # Seven GPUs are free, all on the host the on-demand VM uses: none of them is taken.
