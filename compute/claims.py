@@ -5,7 +5,8 @@ On PostgreSQL a claim is one statement, sent with its savepoint in one round tri
 
 1. it locks the host if it is up and has the room (``vcpus_used + v <= floor(vcpus *
    ratio)``, the same for memory), each chosen GPU if it is still free, present and held
-   by the VM's lease (or by none), and the VM if it is still unplaced at the generation
+   by the VM's lease (or by none; for a spot VM borrowing, by none or by a lease that
+   lends its idle GPUs now), and the VM if it is still unplaced at the generation
    that was read (``FOR NO KEY UPDATE``, what an UPDATE takes: a claim that waited for
    another on the same row re-checks the row as that one left it);
 2. only if all of them were locked, it moves the host's counters, gives the GPUs to the
@@ -37,12 +38,12 @@ from typing import NamedTuple
 from uuid import UUID
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Floor
 from django.utils import timezone
 
-from compute.choices import HostState, VmState
-from compute.models import Device, Host, VirtualMachine
+from compute.choices import HostState, LeaseState, VmState
+from compute.models import Device, Host, Lease, VirtualMachine
 from compute.scheduler import Placement, Request
 from tenants import usage
 
@@ -57,7 +58,7 @@ WITH claim_host AS (
 claim_devices AS (
     SELECT id FROM {Device._meta.db_table}
     WHERE id = ANY(%(devices)s) AND host_id = %(host)s AND vm_id IS NULL AND present
-      AND lease_id IS NOT DISTINCT FROM %(lease)s
+      AND {{lease_holds}}
     ORDER BY id
     FOR NO KEY UPDATE
 ),
@@ -100,6 +101,15 @@ SELECT host, devices, vm, admitted FROM claim_locked
 """
 
 
+# Which lease may hold the GPUs a claim takes: the VM's own (or none), or, for a spot VM
+# that borrows (``compute.placement``), none or an active lease that lends its idle GPUs.
+_OWN_LEASE = "lease_id IS NOT DISTINCT FROM %(lease)s"
+_LENDING_LEASE = (
+    f"(lease_id IS NULL OR lease_id IN (SELECT id FROM {Lease._meta.db_table} "
+    f"WHERE state = '{LeaseState.ACTIVE.value}' AND lend_idle))"
+)
+
+
 class ClaimConflict(Exception):
     """The view was stale: the host or its devices changed since it was loaded."""
 
@@ -128,16 +138,20 @@ def claim_write(
     req: Request,
     *,
     admitted_if: tuple[str, dict] | None = None,
+    borrow: bool = False,
 ) -> None:
     """Write the claim of ``placement`` for ``vm`` in the caller's transaction, with the
     VM's usage intervals (its bill starts with the claim); raises ``ClaimConflict``,
     leaving nothing behind, when the database disagrees. ``admitted_if``: an SQL condition
     and its parameters (``compute.guarantees.nothing_to_weigh``) checked in the same
     statement; where it does not hold, nothing is written and ``AdmissionToWeigh`` is
-    raised. ``vm`` is updated in place."""
+    raised. ``borrow``: the GPUs may be a lending lease's idle ones (a spot VM's claim).
+    ``vm`` is updated in place."""
     now = timezone.now()
     if connection.vendor == "postgresql":
-        statement = claim_statement(vm, placement, req, at=now, admitted_if=admitted_if)
+        statement = claim_statement(
+            vm, placement, req, at=now, admitted_if=admitted_if, borrow=borrow
+        )
         with connection.cursor() as cursor:
             ((answer,),) = execute_prepared(cursor, statement)
         failure = claim_failure(answer, vm, placement)
@@ -151,7 +165,7 @@ def claim_write(
                 if not cursor.fetchone()[0]:
                     raise AdmissionToWeigh()
         with transaction.atomic():
-            _claim_orm(vm, placement, req, now, _changes(vm, placement))
+            _claim_orm(vm, placement, req, now, _changes(vm, placement), borrow=borrow)
     claimed(vm, placement)
 
 
@@ -194,12 +208,14 @@ def claim_statement(
     at,
     admitted_if: tuple[str, dict] | None = None,
     skip_locked_vm: bool = False,
+    borrow: bool = False,
 ) -> Prepared:
     """The claim of ``placement`` for ``vm`` (the VM's key, project, name, sizes, priority,
     lease and generation are read from it) at ``at``, as ``execute_prepared`` runs it: its
     answer is one row for ``claim_failure``. ``skip_locked_vm``: a VM row that another
     transaction holds counts as changed instead of being waited for (the caller has not
-    locked it first, ``compute.placement.pending_claimed``)."""
+    locked it first, ``compute.placement.pending_claimed``). ``borrow``: see
+    ``claim_write``."""
     ctes, params = usage.vm_usage_sync_ctes(
         vm, state=VmState.PROVISIONING, at=at, when="SELECT ok FROM claim_ok"
     )
@@ -219,7 +235,7 @@ def claim_statement(
         "now": at,
     }
     return Prepared(
-        _claim_sql_text(ctes, admitted, skip_locked_vm),
+        _claim_sql_text(ctes, admitted, skip_locked_vm, borrow),
         params,
         savepoint="kumo_claim",
         prefix="kumo_claim_",
@@ -257,13 +273,16 @@ def claim_undo() -> None:
 
 
 @lru_cache(maxsize=64)
-def _claim_sql_text(usage_ctes: str, admitted: str, skip_locked_vm: bool = False) -> str:
+def _claim_sql_text(
+    usage_ctes: str, admitted: str, skip_locked_vm: bool = False, borrow: bool = False
+) -> str:
     """The claim's text with its usage intervals and admission condition: one string object
     per shape, so that finding its prepared statement costs no new hashing of it."""
     return (
         _CLAIM.replace("{usage}", usage_ctes)
         .replace("{admitted}", f"({admitted})")
         .replace("{skip_locked_vm}", " SKIP LOCKED" if skip_locked_vm else "")
+        .replace("{lease_holds}", _LENDING_LEASE if borrow else _OWN_LEASE)
     )
 
 
@@ -397,7 +416,9 @@ def _execute(
     return rows
 
 
-def _claim_orm(vm: VirtualMachine, placement: Placement, req: Request, now, changes) -> None:
+def _claim_orm(
+    vm: VirtualMachine, placement: Placement, req: Request, now, changes, *, borrow: bool
+) -> None:
     moved = Host.objects.filter(
         pk=placement.host_id,
         state=HostState.UP,
@@ -410,13 +431,17 @@ def _claim_orm(vm: VirtualMachine, placement: Placement, req: Request, now, chan
     if not moved:
         raise ClaimConflict(f"host {placement.host_name} no longer has the room")
     if placement.device_ids:
-        taken = devices_give(
-            placement.device_ids,
-            vm.pk,
+        # A lease's GPUs go to its VMs only, or to a spot VM borrowing while it lends.
+        holds = Q(lease_id=vm.lease_id)
+        if borrow:
+            holds = Q(lease__isnull=True) | Q(lease__state=LeaseState.ACTIVE, lease__lend_idle=True)
+        taken = Device.objects.filter(
+            holds,
+            pk__in=placement.device_ids,
+            vm__isnull=True,
             host_id=placement.host_id,
             present=True,
-            lease_id=vm.lease_id,  # a lease's GPUs go to its VMs only
-        )
+        ).update(vm=vm.pk)
         if taken != len(placement.device_ids):
             raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     updated = VirtualMachine.objects.filter(

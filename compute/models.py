@@ -450,7 +450,9 @@ class Lease(ProjectOwnedModel):
     overlapping periods, a constraint of the database on PostgreSQL) and the spot VMs on
     them get their notice; from its start the project's VMs created in it are placed
     there; at its end they are shelved. It is billed for every GPU-hour it holds, used or
-    not, at the rate card's reserved factor."""
+    not, at the rate card's reserved factor. With ``lend_idle``, spot VMs may use the GPUs
+    its VMs leave idle while it is active, and get their notice when one of its VMs needs
+    them."""
 
     name = models.CharField(max_length=63, validators=[hostname_validator])
     gpu_model = models.CharField(max_length=64)
@@ -460,6 +462,11 @@ class Lease(ProjectOwnedModel):
     )
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
+    lend_idle = models.BooleanField(
+        default=True,
+        help_text="while active, spot VMs may run on its idle GPUs; a VM of the lease then "
+        "waits for their eviction notice",
+    )
     state = models.CharField(
         max_length=16, choices=LeaseState.choices, default=LeaseState.SCHEDULED
     )

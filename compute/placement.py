@@ -41,7 +41,7 @@ from django.db.models.query import get_related_populators
 from django.utils import timezone
 
 from compute import leases
-from compute.choices import DeviceKind, HostState, Priority, VmState
+from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState
 from compute.claims import (
     AdmissionToWeigh,
     ClaimConflict,
@@ -80,10 +80,14 @@ LIVE_STATES = [
 # --- the view -----------------------------------------------------------------------------------
 
 
-def _host_views(hosts, *, lease_id: int | None = None) -> list[HostView]:
+def _host_views(
+    hosts, *, lease_id: int | None = None, lending: frozenset[int] = frozenset()
+) -> list[HostView]:
     """Views of the hosts of queryset ``hosts``: free capacity and free GPUs per cell. A
-    GPU a lease holds is free only in the view of that lease (``lease_id``); in every
-    other view it is held (``gpus_held``: CPU VMs leave it its share of the host)."""
+    GPU a lease holds is free only in the view of that lease (``lease_id``) and in the
+    view of a spot VM borrowing from the leases that lend now (``lending``: their ids);
+    in every other view it is held (``gpus_held``: CPU VMs leave it its share of the
+    host)."""
     rows = list(
         hosts.values(
             "id",
@@ -124,7 +128,7 @@ def _host_views(hosts, *, lease_id: int | None = None) -> list[HostView]:
         host.gpu_model = model
         host.cell_sizes[cell] = host.cell_sizes.get(cell, 0) + 1
         free = host.cells.setdefault(cell, [])
-        if vm_id is None and held_for == lease_id:
+        if vm_id is None and (held_for == lease_id or held_for in lending):
             free.append(device_id)
         elif vm_id is None and lease_id is None:
             host.gpus_held += 1
@@ -457,9 +461,10 @@ def claim(
     req: Request,
     *,
     admitted_if: tuple[str, dict] | None = None,
+    borrow: bool = False,
 ) -> None:
     """Claim ``placement`` for ``vm`` inside the caller's transaction; raises ClaimConflict,
-    leaving nothing written, when the database disagrees (``admitted_if``: see
+    leaving nothing written, when the database disagrees (``admitted_if``, ``borrow``: see
     ``compute.claims.claim_write``). A member of a placement group first locks its group's
     row and re-checks the policy against the members placed by then, so two members are
     placed one after the other; then ``compute.claims`` writes the claim, all of it or
@@ -470,7 +475,7 @@ def claim(
         probe = HostView(id=placement.host_id, name=placement.host_name, rack=placement.rack)
         if not all(check(probe, current) for check in GROUP_FILTERS):
             raise ClaimConflict("another member of the placement group was placed meanwhile")
-    claim_write(vm, placement, req, admitted_if=admitted_if)
+    claim_write(vm, placement, req, admitted_if=admitted_if, borrow=borrow)
 
 
 def place(vm: VirtualMachine) -> Placement:
@@ -481,7 +486,8 @@ def place(vm: VirtualMachine) -> Placement:
     projects' guaranteed headroom is refused (``compute.guarantees``): the claim itself
     checks that there is nothing to weigh (no other project's guarantee, no lease of its
     GPU model), the common case; where there is, ``admission_refusal`` decides, and a
-    refused VM takes nothing, with the refusal as its reason.
+    refused VM takes nothing, with the refusal as its reason. A spot GPU VM that finds no
+    room may borrow a lease's idle GPUs (``_place_borrowing``).
     """
     req = request_for(vm)
     if vm.lease_id is not None:
@@ -489,6 +495,7 @@ def place(vm: VirtualMachine) -> Placement:
     from compute import guarantees
 
     admitted_if = guarantees.nothing_to_weigh(vm)  # None: admitted once weighed (or spot)
+    borrows = vm.priority == Priority.SPOT and bool(vm.gpus)
     fresh = False
     for _attempt in range(CLAIM_ATTEMPTS):
         with view.lock:
@@ -503,6 +510,8 @@ def place(vm: VirtualMachine) -> Placement:
                 _raise_if_refused(vm, req)
                 admitted_if = None
             if fresh:
+                if borrows:
+                    return _place_borrowing(vm, req, nothing)
                 raise nothing
             fresh = True  # the view may be stale: look once more on a fresh one
             continue
@@ -555,6 +564,15 @@ def no_room(req: Request) -> str:
                 reason = e.reason
             else:
                 return ""
+    if not req.on_demand and req.gpus:
+        borrowing = _borrowing_scheduler(req)
+        if borrowing is not None:
+            try:
+                borrowing.select(req)
+            except NoValidHost:
+                pass
+            else:
+                return ""
     return reason
 
 
@@ -566,15 +584,20 @@ def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:
         raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
 
 
+def lease_views(lease_id: int) -> list[HostView]:
+    """Views of the hosts (up) where lease ``lease_id`` holds GPUs: its idle ones free."""
+    hosts = Host.objects.filter(
+        state=HostState.UP, pk__in=Device.objects.filter(lease_id=lease_id).values("host_id")
+    )
+    return _host_views(hosts, lease_id=lease_id)
+
+
 def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
     """Place ``vm`` on its lease's GPUs, from the database (a lease holds few hosts)."""
     refusal = leases.placement_refusal(vm)
     if refusal:
         raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
-    hosts = Host.objects.filter(
-        state=HostState.UP, pk__in=Device.objects.filter(lease_id=vm.lease_id).values("host_id")
-    )
-    scheduler = Scheduler(_host_views(hosts, lease_id=vm.lease_id), rng=_rng())
+    scheduler = Scheduler(lease_views(vm.lease_id), rng=_rng())
     try:
         chosen = scheduler.select(req)
     except NoValidHost as e:
@@ -586,12 +609,70 @@ def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
     return chosen
 
 
+# --- spot VMs on a lease's idle GPUs --------------------------------------------------------
+
+
+def _lending_idle(req: Request) -> frozenset[int]:
+    """The leases lending GPUs of ``req``'s model now (active, ``lend_idle``) that have an
+    idle one: what a spot VM may borrow. Empty, after one query, in the common case."""
+    idle = Device.objects.filter(
+        kind=DeviceKind.GPU,
+        vm__isnull=True,
+        present=True,
+        lease__state=LeaseState.ACTIVE,
+        lease__lend_idle=True,
+    )
+    if req.gpu_model:
+        idle = idle.filter(model=req.gpu_model)
+    return frozenset(idle.values_list("lease_id", flat=True).distinct().order_by())
+
+
+def _borrowing_scheduler(req: Request) -> Scheduler | None:
+    """A view, from the database, of the open hosts where lending leases have idle GPUs,
+    those GPUs free in it beside the hosts' own; None when no lease lends one now."""
+    lending = _lending_idle(req)
+    if not lending:
+        return None
+    hosts = _open_hosts().filter(
+        pk__in=Device.objects.filter(lease_id__in=lending, vm__isnull=True).values("host_id")
+    )
+    return Scheduler(_host_views(hosts, lending=lending), rng=_rng())
+
+
+def _place_borrowing(vm: VirtualMachine, req: Request, nothing: NoValidHost) -> Placement:
+    """Place the spot ``vm``, for which the fleet's free GPUs have no room (``nothing``),
+    on GPUs that leases lend while their own VMs leave them idle. A lease's VM that needs
+    them gives the borrower its eviction notice (``compute.services.spot.preempt_for``),
+    as an on-demand VM does. Raises ``nothing`` when no lease lends room for it either."""
+    borrowing = _borrowing_scheduler(req)
+    if borrowing is None:
+        raise nothing
+    try:
+        chosen = borrowing.select(req)
+    except NoValidHost:
+        raise nothing from None
+    try:
+        claim(vm, chosen, req, borrow=True)
+    except ClaimConflict as e:
+        log.info("vm %s: claim of lent GPUs on %s lost a race (%s)", vm.pk, chosen.host_name, e)
+        raise nothing from None  # it waits; the next pass decides again
+
+    def refresh():
+        with view.lock:
+            view.refresh_host(chosen.host_id)
+
+    transaction.on_commit(refresh, robust=True)
+    log.info("vm %s placed on %s, on GPUs a lease lends", vm.pk, chosen.host_name)
+    return chosen
+
+
 def place_on(vm: VirtualMachine, host_id: int) -> Placement:
     """Decide and claim room for ``vm`` on host ``host_id`` alone, from the database as this
     transaction sees it (the room spot evictions freed in it); raises ``NoValidHost`` or
     ``ClaimConflict``."""
     req = request_for(vm)
-    scheduler = Scheduler(_host_views(Host.objects.filter(pk=host_id, state=HostState.UP)))
+    hosts = Host.objects.filter(pk=host_id, state=HostState.UP)
+    scheduler = Scheduler(_host_views(hosts, lease_id=vm.lease_id))
     chosen = scheduler.select(req)
     claim(vm, chosen, req)
     log.info(

@@ -320,7 +320,7 @@ class LeaseSerializer(serializers.ModelSerializer):
         model = Lease
         fields = [
             "id", "project", "name", "gpu_model", "gpus", "hosts", "starts_at", "ends_at",
-            "state", "state_reason", "created_by", "created_at", "ended_at",
+            "lend_idle", "state", "state_reason", "created_by", "created_at", "ended_at",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -340,6 +340,11 @@ class LeaseCreateSerializer(serializers.Serializer):
     )  # fmt: skip
     starts_at = serializers.DateTimeField()
     ends_at = serializers.DateTimeField()
+    lend_idle = serializers.BooleanField(
+        default=True,
+        help_text="while it is active, spot VMs may run on the GPUs its VMs leave idle; a "
+        "VM of the lease then waits for their eviction notice (at most one spot notice)",
+    )
 
 
 class CapacityGuaranteeSerializer(serializers.ModelSerializer):

@@ -1,6 +1,7 @@
 """The replay: a job trace through Kumo's own services on a simulated fleet, in virtual time.
 
-Leases (``leases``: project, GPUs, start and end in trace seconds) are admitted at the
+Leases (``leases``: project, GPUs, start and end in trace seconds, and ``lend_idle``,
+whether spot VMs may borrow its idle GPUs, by default they may) are admitted at the
 start through ``lease_create``; ``leases_tick`` runs when one is due (its lead before the
 start, its start, its lead before the end, its end). An on-demand job of a lease's project
 submitted while the lease holds, and that fits it, runs in it; at the lease's end its VMs
@@ -29,8 +30,8 @@ work, held idle (claimed but not working: boots, notices' stop, deletions), free
 request waited (free GPUs while GPU requests are pending, up to their size), and free;
 they add up to the capacity. Two parts of the free ones are sampled every ``sample_s``
 while jobs arrive: stranded (free GPUs on hosts without the vCPUs or memory one more GPU
-needs) and lease idle (GPUs a lease holds that none of its VMs uses: free for its project
-alone).
+needs) and lease idle (GPUs a lease holds that no VM uses: free for its project alone,
+or for a spot VM that borrows them).
 
 ``goodput`` is tenant work, less spot work lost to evictions, over the capacity of the
 whole replay, its ramp-up from an empty fleet and its drain after the last submission
@@ -381,6 +382,7 @@ class Replay:
                 gpus=plan["gpus"],
                 starts_at=EPOCH + timedelta(seconds=start),
                 ends_at=EPOCH + timedelta(seconds=end),
+                lend_idle=plan.get("lend_idle", True),
             )
             self.leases.setdefault(plan["project"], []).append(lease)
             for t in (start - lead, start, end - lead, end):

@@ -25,7 +25,14 @@ What a lease holds, and when:
   (``VirtualMachine.lease``) are placed on its GPUs and nowhere else; before the start they
   wait, pending. Its bill runs: every GPU it holds, used or not, at the rate card's
   ``reserved`` factor; its VMs pay their vCPUs and memory at that factor and no GPU of
-  their own.
+  their own. A lease that lends its idle GPUs (``lend_idle``, the default) lets spot VMs
+  that find no other room run on the GPUs its VMs leave idle
+  (``compute.placement._place_borrowing``); a VM of the lease that needs them gives those
+  borrowers their eviction notice and takes the GPUs when they have stopped
+  (``compute.services.spot.preempt_for``): it waits at most one spot notice, and the GPUs
+  stay the lease's throughout (``Device.lease``). Borrowers pay the spot price for what
+  they use; the lease's bill is unchanged. Without ``lend_idle`` its idle GPUs run
+  nothing and its VMs start at once.
 - **Ending** (``KUMO_LEASE_LEAD_S`` before its end): its project is told (an event, mail
   and webhooks) which VMs will be shelved.
 - **Ended** (at its end, or when cancelled): its running VMs are shelved (their disks are
@@ -203,11 +210,13 @@ def lease_create(
     gpus: int | None = None,
     hosts: int | None = None,
     gpu_model: str = "",
+    lend_idle: bool = True,
     actor=None,
 ) -> Lease:
     """Reserve ``gpus`` GPUs of ``gpu_model``, or ``hosts`` whole hosts of it, for
     ``project`` over ``[starts_at, ends_at)``; 409 with the earliest period that fits when
-    the fleet cannot hold it."""
+    the fleet cannot hold it. ``lend_idle``: spot VMs may run on its GPUs while its own
+    VMs leave them idle (see "Active" above)."""
     from compute.services.lifecycle import require_active
 
     require_active(project)
@@ -249,6 +258,7 @@ def lease_create(
             hosts=hosts,
             starts_at=starts_at,
             ends_at=ends_at,
+            lend_idle=lend_idle,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
         )
         detail = {
@@ -256,6 +266,7 @@ def lease_create(
             "gpu_model": gpu_model,
             "starts_at": starts_at.isoformat(),
             "ends_at": ends_at.isoformat(),
+            "lend_idle": lend_idle,
         }
         if hosts is not None:
             detail["hosts"] = hosts
@@ -558,7 +569,10 @@ def _finish(lease: Lease, *, state: str, at: datetime | None = None, why: str = 
         if shelve:
             vm_shelve(vm=vm)
     if Device.objects.filter(lease=lease).update(lease=None):
+        from compute.services import spot
+
         transaction.on_commit(placement.view.invalidate, robust=True)
+        transaction.on_commit(spot.index.invalidate, robust=True)  # borrowers are spot again
     LeaseAllocation.objects.filter(lease=lease, ends_at__gt=at).update(ends_at=at)
     LeaseAllocation.objects.filter(lease=lease, starts_at__gte=at).delete()
     if lease.state == LeaseState.ACTIVE:

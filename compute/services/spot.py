@@ -4,11 +4,13 @@ The life of an eviction, each step a conditional update (``lifecycle.transition`
 and all that follows VM states see it) kept in the database for a restarted controller:
 
 1. ``preempt_for(vm)``: an on-demand VM that placement could not fit asks
-   ``compute.preemption`` for the best victims on one host. Each victim moves to
-   ``evicting`` with ``eviction_deadline`` = now + its template's ``eviction_notice_s``
-   (an event ``vm.eviction_notice`` tells its project, webhooks and the guest's metadata
-   endpoint); the on-demand VM stays ``pending`` with ``reserved_host`` set, which keeps the
-   periodic placement from placing it elsewhere meanwhile.
+   ``compute.preemption`` for the best victims on one host (a VM in a lease: among the
+   spot VMs borrowing its lease's idle GPUs, ``compute.placement._place_borrowing``).
+   Each victim moves to ``evicting`` with ``eviction_deadline`` = now + its template's
+   ``eviction_notice_s`` (an event ``vm.eviction_notice`` tells its project, webhooks and
+   the guest's metadata endpoint); the on-demand VM stays ``pending`` with
+   ``reserved_host`` set, which keeps the periodic placement from placing it elsewhere
+   meanwhile.
 2. While the notice runs the guest keeps running. When the deadline passes
    (``evictions_reap``, run by beat) or the guest acknowledges early
    (``eviction_acknowledge``), the victim's task becomes ``stopping`` and its host is told to
@@ -42,13 +44,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import FloatField, Func, OuterRef, Subquery, Sum
+from django.db.models import Count, Exists, FloatField, Func, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from compute import placement
+from compute import leases, placement
 from compute.choices import DesiredPower, PowerState, Priority, VmState, VmTask
-from compute.models import CapacityGuarantee, Host, VirtualMachine
+from compute.models import CapacityGuarantee, Device, Host, VirtualMachine
 from compute.preemption import NOTHING_TO_LOSE, Candidate, Preemption, choose_victims
 from compute.protocol import VM_APPLY_TASK, VmApply
 from compute.scheduler import NoValidHost
@@ -159,7 +161,10 @@ class _EvictableIndex:
     before each decision with the spot VMs whose ``updated_at`` is at most ``SYNC_SLACK``
     before the last read. It may still be stale (a deleted row, a very late commit): a
     victim that is no longer evictable fails the locked re-check in ``preempt_for``, which
-    reads its host again here and decides again."""
+    reads its host again here and decides again.
+
+    A spot VM on GPUs a lease lends (``compute.placement._place_borrowing``) is not here:
+    only a VM of that lease can use what its eviction frees (``_decide_in_lease``)."""
 
     _COLUMNS = (
         "pk",
@@ -188,8 +193,9 @@ class _EvictableIndex:
         self.loaded_at = 0.0
 
     def _read(self, qs) -> None:
-        rows = qs.values_list(*self._COLUMNS, _Epoch(UNSAVED_SINCE)).order_by()
-        for pk, host_id, cell, gpus, model, vcpus, memory, state, task, started in rows:
+        borrowing = Exists(Device.objects.filter(vm_id=OuterRef("pk"), lease__isnull=False))
+        rows = qs.values_list(*self._COLUMNS, _Epoch(UNSAVED_SINCE), borrowing).order_by()
+        for pk, host_id, cell, gpus, model, vcpus, memory, state, task, started, lent in rows:
             if state == VmState.STOPPED:
                 started = NOTHING_TO_LOSE
             vm_id = str(pk)
@@ -198,7 +204,7 @@ class _EvictableIndex:
                 self.hosts[before].pop(vm_id, None)
                 self.lists.pop(before, None)
             self.model.pop(vm_id, None)
-            if state in EVICTABLE and not task and host_id is not None:
+            if state in EVICTABLE and not task and host_id is not None and not lent:
                 cell = cell if gpus else None
                 cand = Candidate(vm_id, host_id, gpus, vcpus, memory, started, cell)
                 self.hosts.setdefault(host_id, {})[vm_id] = cand
@@ -275,8 +281,11 @@ index = _EvictableIndex()
 
 def decide(vm: VirtualMachine) -> Preemption | None:
     """The preemption that would make room for ``vm`` now (no writes), over the scheduler's
-    view and this process's index of evictable spot VMs, brought up to date first."""
+    view and this process's index of evictable spot VMs, brought up to date first; for a
+    VM in a lease, over the spot VMs borrowing its lease's GPUs (``_decide_in_lease``)."""
     req = placement.request_for(vm)
+    if vm.lease_id is not None:
+        return _decide_in_lease(vm, req)
     protected = {str(pk) for pk in protected_spot_vms()}
     with index.lock:
         index.sync()
@@ -284,6 +293,45 @@ def decide(vm: VirtualMachine) -> Preemption | None:
             known = placement.view.get().hosts
             candidates = index.candidates(req, protected, known)
             return choose_victims((known[h] for h in candidates), candidates, req)
+
+
+def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
+    """The spot VMs borrowing the GPUs of ``vm``'s lease (active and lending,
+    ``Lease.lend_idle``) whose eviction makes room for ``vm`` on them, from the database (a
+    lease holds few hosts). Each borrower counts only the lease's GPUs it holds: what its
+    eviction gives the lease back. A guaranteed minimum does not protect a borrower: the
+    GPUs are the lease's, lent until its VMs need them."""
+    if leases.placement_refusal(vm):
+        return None
+    lent = (
+        Device.objects.filter(
+            lease_id=vm.lease_id,
+            vm__priority=Priority.SPOT,
+            vm__state__in=EVICTABLE,
+            vm__task_state=VmTask.NONE,
+        )
+        .values_list("vm_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    held = {str(pk): n for pk, n in lent}
+    if not held:
+        return None
+    candidates: dict[int, list[Candidate]] = {}
+    rows = (
+        VirtualMachine.objects.filter(pk__in=list(held))
+        .values_list(
+            "pk", "host_id", "numa_cell", "vcpus", "memory_mib", "state", _Epoch(UNSAVED_SINCE)
+        )
+        .order_by("pk")
+    )
+    for pk, host_id, cell, vcpus, memory, state, started in rows:
+        started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
+        n = held[str(pk)]
+        cand = Candidate(str(pk), host_id, n, vcpus, memory, started, cell)
+        candidates.setdefault(host_id, []).append(cand)
+    hosts = placement.lease_views(vm.lease_id)
+    return choose_victims(hosts, candidates, req)
 
 
 # --- notices --------------------------------------------------------------------------------
@@ -299,7 +347,7 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
         return None
     from compute import guarantees
 
-    if guarantees.admission_refusal(vm):
+    if guarantees.admission_refusal(vm):  # (never for a VM in a lease: its GPUs are its own)
         return None  # it may not take the capacity it would free: it waits
     for _attempt in range(DECIDE_ATTEMPTS):
         decision = decide(vm)

@@ -138,7 +138,7 @@ def vm_create(
         vm.state_reason = e.reason[:500]
         vm.save(update_fields=["state_reason", "updated_at"])
         log.info("vm %s pending: %s", vm.pk, e.reason)
-        if priority == Priority.ON_DEMAND and lease is None:
+        if priority == Priority.ON_DEMAND:
             from compute.services import spot
 
             spot.preempt_for(vm)  # room held by spot VMs: notices now, placed after
@@ -241,7 +241,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
                     VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
                 if plain:
                     no_room[size] = e.reason[:500]
-                if vm.priority == Priority.ON_DEMAND and vm.lease_id is None:
+                if vm.priority == Priority.ON_DEMAND:
                     from compute.services import spot
 
                     spot.preempt_for(vm)

@@ -382,6 +382,15 @@ class LeaseForm(forms.Form):
     ends_at = forms.DateTimeField(
         label=_("End"), widget=forms.DateTimeInput(attrs={"type": "datetime-local"})
     )
+    lend_idle = forms.BooleanField(
+        label=_("Lend idle GPUs to spot VMs"),
+        required=False,
+        initial=True,
+        help_text=_(
+            "While the lease is active, spot VMs may run on the GPUs its VMs leave idle; a VM "
+            "of the lease then waits for their eviction notice before it starts."
+        ),
+    )
 
     def __init__(self, *args, models=(), **kwargs):
         super().__init__(*args, **kwargs)

@@ -153,7 +153,7 @@ def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_
         capsys,
         "0,20000,8,A100-SXM4-40GB,spot,lab-a",
         "7300,600,8,A100-SXM4-40GB,on_demand,lab-c",
-        more=("--lease", "lab-c=8@7200-10800"),
+        more=("--lease", "lab-c=8@7200-10800,keep-idle"),
     )
     assert figures["evictions"] == 1 and figures["evictions_full_notice"] == 1.0
     assert figures["leases_honoured"] == 1.0
@@ -166,6 +166,23 @@ def test_a_lease_in_the_replay_evicts_spot_with_full_notice_and_is_honoured(tmp_
     assert figures["spot_waits_lease_idle_gpu_h"] == 0.0
     with pytest.raises(CommandError, match="PROJECT=GPUS@START_S-END_S"):
         call_command("replay", str(tmp_path / "trace.csv"), "--lease", "lab-c=eight")
+    with pytest.raises(CommandError, match="is not ',keep-idle'"):
+        call_command("replay", str(tmp_path / "trace.csv"), "--lease", "lab-c=8@0-9,idle")
+
+
+def test_a_lease_in_the_replay_lends_its_idle_gpus_to_spot(tmp_path, capsys):
+    jobs = ("0,20000,8,A100-SXM4-40GB,spot,lab-a", "7300,600,8,A100-SXM4-40GB,on_demand,lab-c")
+    kept = _replay(tmp_path, capsys, *jobs, more=("--lease", "lab-c=8@7200-10800,keep-idle"))
+    lent = _replay(tmp_path, capsys, *jobs, more=("--lease", "lab-c=8@7200-10800"))
+    # The spot job, evicted for the lease's start, runs on its idle GPUs from the start
+    # until the lease's job needs them, and once more after that job's end.
+    assert lent["spot_gpu_h"] > kept["spot_gpu_h"]
+    assert lent["lease_idle_gpu_h"] < kept["lease_idle_gpu_h"]
+    # The price: a second eviction, with its full notice, and the lease's job waits for it
+    # (the notice of 30 s, then the stop of 10 s) instead of starting at once.
+    assert (lent["evictions"], lent["evictions_full_notice"]) == (2, 1.0)
+    assert lent["on_demand_wait_p99_s"] == 30 + 10
+    assert lent["leases_honoured"] == 1.0  # the lent GPUs stayed the lease's throughout
 
 
 @pytest.mark.postgres

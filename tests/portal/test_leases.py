@@ -72,12 +72,15 @@ def form(name="run", gpus=2, start=None, end=None, **more):
 def test_an_admin_reserves_and_the_lease_is_on_the_timeline(login, project, cloud):
     admin = cloud["users"][Role.ADMIN]
     client = login(admin)
-    response = client.post(url("leases", project), form(name="train"), follow=True)
+    page = client.get(url("leases", project)).content.decode()
+    assert 'id="id_lend_idle" checked' in page  # lent unless unticked
+    response = client.post(url("leases", project), form(name="train", lend_idle="on"), follow=True)
     assert response.status_code == 200
     html = response.content.decode()
     assert "Lease train reserved: 2 A100-SXM4-40GB GPUs" in html
     lease = Lease.objects.for_project(project).get(name="train")
     assert lease.state == LeaseState.SCHEDULED and lease.created_by == admin
+    assert lease.lend_idle
     assert 'data-lease="train"' in html and 'class="bar-fill"' in html
     event = AuditEvent.objects.for_project(project).get(action="lease.create")
     assert event.actor == admin and event.source == "portal"
@@ -90,7 +93,8 @@ def test_an_admin_reserves_a_whole_host(login, project, cloud):
     html = response.content.decode()
     assert "Lease node reserved: 1 whole hosts (8 A100-SXM4-40GB GPUs)" in html
     assert "(whole hosts: 1)" in html
-    assert Lease.objects.for_project(project).get(name="node").hosts == 1
+    node = Lease.objects.for_project(project).get(name="node")
+    assert node.hosts == 1 and not node.lend_idle  # the box left unticked: it keeps them idle
 
 
 def test_a_refusal_shows_the_earliest_period_that_fits(login, project, cloud):

@@ -224,11 +224,12 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     make_host()  # 8 GPUs
     start = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
     lease = kumo.leases.create("run", gpus=6, starts_at=start, ends_at=start + timedelta(hours=2))
-    assert (lease.name, lease.gpus, lease.state, lease.project) == (
+    assert (lease.name, lease.gpus, lease.state, lease.project, lease.lend_idle) == (
         "run",
         6,
         "scheduled",
         project.slug,
+        True,
     )
     with pytest.raises(Conflict) as refused:
         kumo.leases.create("more", gpus=4, starts_at=start, ends_at=start + timedelta(hours=1))
@@ -242,8 +243,10 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     logged_in("project", "use", project.slug)
     listed = logged_in("lease", "list").stdout
     assert "run" in listed and "6 x A100-SXM4-40GB" in listed and "scheduled" in listed
-    made = logged_in("lease", "create", "later", "--gpus", "2", "--start", "now", "--hours", "1")
+    made = logged_in("lease", "create", "later", "--gpus", "2", "--start", "now", "--hours", "1",
+                     "--no-lend-idle")  # fmt: skip
     assert "Lease later: 2 x A100-SXM4-40GB" in made.stderr
+    assert not kumo.leases.find("later").lend_idle
     assert "is cancelled" in logged_in("lease", "cancel", "later").stderr
     assert kumo.leases.cancel(lease.id).state == "cancelled"
     # Whole hosts: every GPU of each.

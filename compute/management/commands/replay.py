@@ -41,8 +41,9 @@ class Command(BaseCommand):
             "--lease",
             action="append",
             default=[],
-            metavar="PROJECT=GPUS@START_S-END_S",
-            help="a lease of GPUs for a project, in trace seconds (repeatable)",
+            metavar="PROJECT=GPUS@START_S-END_S[,keep-idle]",
+            help="a lease of GPUs for a project, in trace seconds (repeatable); it lends its "
+            "idle GPUs to spot VMs unless ',keep-idle' follows",
         )
         parser.add_argument("--plot", default="", help="write the allocation plot here (PNG)")
         parser.add_argument(
@@ -98,7 +99,10 @@ class Command(BaseCommand):
 
 
 def _lease(item: str) -> dict:
-    """``PROJECT=GPUS@START_S-END_S`` as the replay's lease plan."""
+    """``PROJECT=GPUS@START_S-END_S[,keep-idle]`` as the replay's lease plan."""
+    item, _, option = item.partition(",")
+    if option not in ("", "keep-idle"):
+        raise CommandError(f"--lease {item!r}: ',{option}' is not ',keep-idle'")
     project, _, rest = item.partition("=")
     gpus, _, period = rest.partition("@")
     start, _, end = period.partition("-")
@@ -108,4 +112,5 @@ def _lease(item: str) -> dict:
         raise CommandError(f"--lease {item!r}: expected PROJECT=GPUS@START_S-END_S") from None
     if not project or plan["end_s"] <= plan["start_s"]:
         raise CommandError(f"--lease {item!r}: name a project and end after the start")
+    plan["lend_idle"] = option != "keep-idle"
     return plan

@@ -67,6 +67,13 @@ def lease_create(
         int | None, typer.Option(help="How many whole hosts (every GPU of each), not --gpus.")
     ] = None,
     gpu_model: Annotated[str, typer.Option(help="The GPU model (the fleet's one if empty).")] = "",
+    lend_idle: Annotated[
+        bool,
+        typer.Option(
+            help="Let spot VMs run on the GPUs its VMs leave idle while it is active (a VM "
+            "of the lease then waits up to one spot eviction notice for them)."
+        ),
+    ] = True,
     json: Json = False,
 ) -> None:
     """Reserve GPUs, or whole hosts (project admins). When they do not fit, the answer names
@@ -80,6 +87,7 @@ def lease_create(
             starts_at=begin,
             ends_at=begin + _hours(hours),
             gpu_model=gpu_model,
+            lend_idle=lend_idle,
             project=current_project(kumo),
         )
     if json:

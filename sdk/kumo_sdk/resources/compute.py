@@ -92,6 +92,7 @@ class Leases(Resource[Lease]):
         gpus: int | None = None,
         hosts: int | None = None,
         gpu_model: str = "",
+        lend_idle: bool = True,
         project: str | None = None,
     ) -> Lease:
         body: dict[str, Any] = {
@@ -99,6 +100,7 @@ class Leases(Resource[Lease]):
             "gpu_model": gpu_model,
             "starts_at": _iso(starts_at),
             "ends_at": _iso(ends_at),
+            "lend_idle": lend_idle,
         }
         if gpus is not None:
             body["gpus"] = gpus

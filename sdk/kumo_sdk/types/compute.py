@@ -126,7 +126,9 @@ class Lease:
     """A reservation of ``gpus`` GPUs of ``gpu_model`` over ``[starts_at, ends_at)``, or of
     ``hosts`` whole hosts (every GPU of each; None for a lease of GPUs): scheduled,
     preparing (its GPUs held, spot VMs on them noticed), active, ended or cancelled. VMs
-    created in it (``vms.create(..., lease=name)``) run on its GPUs."""
+    created in it (``vms.create(..., lease=name)``) run on its GPUs. ``lend_idle``: while
+    active, spot VMs may run on the GPUs its VMs leave idle (a VM of the lease then waits
+    for their eviction notice)."""
 
     id: int = 0
     project: str = ""
@@ -136,6 +138,7 @@ class Lease:
     hosts: int | None = None
     starts_at: datetime | None = None
     ends_at: datetime | None = None
+    lend_idle: bool = True
     state: str = ""
     state_reason: str = ""
     created_by: str | None = None
