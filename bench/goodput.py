@@ -6,7 +6,8 @@ Generates the synthetic trace (``compute.replay.trace.generate``: the mdx-like f
 hosts x 8 A100 plus 8 CPU hosts, job sizes and durations shaped after the Philly study,
 on-demand at 55 % of the GPU capacity and spot at 75 %, so spot demand exceeds what is
 free), gives project ``p01`` a guaranteed minimum of 32 GPUs and project ``p02`` a lease of
-32 GPUs for two days from 40 % of the period (a tenth of it when shorter), replays it with boots of
+32 GPUs for two days from 40 % of the period (a tenth of it when shorter; it lends its idle
+GPUs to spot VMs unless ``--lease-keeps-idle``), replays it with boots of
 60 s, stops of 10 s and eviction notices of 30 s (spot jobs report each checkpoint, every
 30 minutes of their run, unless ``--no-checkpoint-reports``), and prints progress on stderr and one
 JSON line, last, on stdout (the keys of ``compute.replay.sim.Replay._figures``). Writes the
@@ -46,6 +47,11 @@ def main() -> None:
         action="store_true",
         help="spot guests checkpoint but do not tell Kumo (preemption knows their starts)",
     )
+    parser.add_argument(
+        "--lease-keeps-idle",
+        action="store_true",
+        help="the lease does not lend its idle GPUs to spot VMs",
+    )
     args = parser.parse_args()
     with django_on_throwaway_database(DB_NAME, durable=False), tempfile.TemporaryDirectory() as tmp:
         from compute.replay import trace as traces
@@ -60,6 +66,7 @@ def main() -> None:
         day = 86400.0
         start = 0.4 * args.days * day
         lease = {"project": "p02", "gpus": 32, "start_s": start}
+        lease["lend_idle"] = not args.lease_keeps_idle
         lease["end_s"] = start + min(2 * day, 0.1 * args.days * day)
         replay = Replay(
             jobs,

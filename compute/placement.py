@@ -54,7 +54,7 @@ from compute.claims import (
     devices_give,
     execute_prepared,
 )
-from compute.models import Device, Host, PlacementGroup, VirtualMachine
+from compute.models import Device, Host, Lease, PlacementGroup, VirtualMachine
 from compute.scheduler import (
     GROUP_FILTERS,
     HostView,
@@ -182,12 +182,16 @@ class _CachedView:
         self.lock = threading.Lock()
         self.scheduler: Scheduler | None = None
         self.loaded_at = 0.0
+        # Whether some active lease lends its idle GPUs, read with the view: a spot VM
+        # looks for lent GPUs (``_place_borrowing``) only then.
+        self.lends = False
 
     def get(self, *, fresh: bool = False) -> Scheduler:
         age = view_clock() - self.loaded_at
         fresh = fresh and age > settings.SCHEDULER_FRESH_AFTER_S
         if fresh or self.scheduler is None or age > settings.SCHEDULER_VIEW_TTL_S:
             self.scheduler = load_scheduler()
+            self.lends = Lease.objects.filter(state=LeaseState.ACTIVE, lend_idle=True).exists()
             self.loaded_at = view_clock()
         return self.scheduler
 
@@ -614,7 +618,11 @@ def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
 
 def _lending_idle(req: Request) -> frozenset[int]:
     """The leases lending GPUs of ``req``'s model now (active, ``lend_idle``) that have an
-    idle one: what a spot VM may borrow. Empty, after one query, in the common case."""
+    idle one: what a spot VM may borrow. Without a query while this process's view (as
+    fresh as the caller's last look) knows of no lease that lends."""
+    with view.lock:
+        if not view.lends:
+            return frozenset()
     idle = Device.objects.filter(
         kind=DeviceKind.GPU,
         vm__isnull=True,

@@ -503,6 +503,8 @@ def _notify_spot(vms: list[VirtualMachine], lease: Lease, now: datetime) -> int:
 def _start(lease: Lease, now: datetime) -> None:
     lease.state = LeaseState.ACTIVE
     lease.save(update_fields=["state"])
+    if lease.lend_idle:  # the scheduler's view reads whether some lease lends
+        transaction.on_commit(placement.view.invalidate, robust=True)
     usage.usage_open(
         lease,
         UsageResource.GPU.value,

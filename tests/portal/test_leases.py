@@ -80,7 +80,7 @@ def test_an_admin_reserves_and_the_lease_is_on_the_timeline(login, project, clou
     assert "Lease train reserved: 2 A100-SXM4-40GB GPUs" in html
     lease = Lease.objects.for_project(project).get(name="train")
     assert lease.state == LeaseState.SCHEDULED and lease.created_by == admin
-    assert lease.lend_idle
+    assert lease.lend_idle and "kept idle" not in html
     assert 'data-lease="train"' in html and 'class="bar-fill"' in html
     event = AuditEvent.objects.for_project(project).get(action="lease.create")
     assert event.actor == admin and event.source == "portal"
@@ -95,6 +95,7 @@ def test_an_admin_reserves_a_whole_host(login, project, cloud):
     assert "(whole hosts: 1)" in html
     node = Lease.objects.for_project(project).get(name="node")
     assert node.hosts == 1 and not node.lend_idle  # the box left unticked: it keeps them idle
+    assert "(kept idle for its VMs)" in html
 
 
 def test_a_refusal_shows_the_earliest_period_that_fits(login, project, cloud):
