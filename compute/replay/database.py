@@ -81,12 +81,19 @@ def vacuum_as_autovacuum_would() -> list[str]:
     autovacuum wakes (a minute apart), and the server's may be off (it is on Kumo's CI
     machine): without this, the dead versions of the rows every pass reads pile up (a
     month's queue of spot VMs is rewritten with every placement) and each pass slows, and
-    the planner plans for the empty tables the replay began with. Nothing on SQLite."""
+    the planner plans for the empty tables the replay began with. Nothing on SQLite.
+
+    The counts it reads are this connection's, all of them up to now: a backend publishes
+    its counts when idle at least a second of wall time after the last time, so without
+    the forced flush the tables found due, and so the physical order of rows that a later
+    query without a full ``ORDER BY`` returns, would follow the machine's speed instead of
+    the replay's events. Call it outside a transaction (the flush waits for one to end)."""
     from django.db import connection
 
     if connection.vendor != "postgresql":
         return []
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # flushed before the next one
         cursor.execute(_DUE)
         tables = [name for (name,) in cursor.fetchall()]
         for name in tables:
