@@ -601,16 +601,29 @@ def _place_in_lease(vm: VirtualMachine, req: Request) -> Placement:
     refusal = leases.placement_refusal(vm)
     if refusal:
         raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
-    scheduler = Scheduler(lease_views(vm.lease_id), rng=_rng())
-    try:
-        chosen = scheduler.select(req)
-    except NoValidHost as e:
-        raise NoValidHost(
-            req, 0, Counter(), 0, reason=f"its lease has no room left for it: {e.reason}"
-        ) from e
-    claim(vm, chosen, req)
-    log.info("vm %s placed in its lease on %s", vm.pk, chosen.host_name)
-    return chosen
+    for _attempt in range(CLAIM_ATTEMPTS):
+        scheduler = Scheduler(lease_views(vm.lease_id), rng=_rng())
+        try:
+            chosen = scheduler.select(req)
+        except NoValidHost as e:
+            raise NoValidHost(
+                req, 0, Counter(), 0, reason=f"its lease has no room left for it: {e.reason}"
+            ) from e
+        try:
+            claim(vm, chosen, req)
+        except ClaimConflict as e:  # another VM took the room meanwhile: read again
+            log.info("vm %s: claim in its lease on %s lost a race (%s)", vm.pk, chosen.host_name, e)
+            continue
+        log.info("vm %s placed in its lease on %s", vm.pk, chosen.host_name)
+        return chosen
+    raise NoValidHost(
+        req,
+        0,
+        Counter(),
+        0,
+        reason=f"lost {CLAIM_ATTEMPTS} placement races in its lease to concurrent requests; "
+        "will retry",
+    )
 
 
 # --- spot VMs on a lease's idle GPUs --------------------------------------------------------

@@ -12,14 +12,14 @@ import pytest
 from compute import placement, services
 from compute.choices import LeaseState, Priority, VmState
 from compute.claims import ClaimConflict
-from compute.models import Device, Lease
+from compute.models import Device, Lease, VirtualMachine
 from compute.scheduler import Placement
 from compute.services import spot
 from controlplane.models import AuditEvent
-from tests.compute.test_guarantees import roomy_project
+from tests.compute.test_guarantees import _race, roomy_project
 from tests.compute.test_leases import LEAD, _one_now, hour, reserve  # noqa: F401 (autouse)
 from tests.compute.test_vms import fresh, report
-from tests.factories import make_host, make_template, make_vm
+from tests.factories import make_host, make_image, make_template, make_vm
 
 pytestmark = pytest.mark.django_db
 
@@ -133,3 +133,58 @@ def test_the_claim_refuses_lease_gpus_that_are_not_lent_now(sent, state):
     with pytest.raises(ClaimConflict):
         placement.claim(fresh(vm), chosen, replace(req, gpus=4), borrow=True)
     assert not Device.objects.filter(lease=lease, vm__isnull=False).exists()
+
+
+# --- PostgreSQL: borrowers and the lease's own VMs racing for the same GPUs ------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_borrowers_and_the_leases_own_vms_racing_never_share_a_gpu():
+    make_host("gpu-a")
+    make_host("gpu-b")  # 16 GPUs: the lease holds 8, the other 8 are free
+    mine, others = roomy_project(), [roomy_project() for _ in range(4)]
+    lease = _active(reserve(mine, 8, hour(1), hour(2)))
+    two, image = make_template(gpus=2, eviction_notice_s=60), make_image()
+
+    def create(index, *, in_lease=False):
+        vm, _ = services.vm_create(
+            project=mine if in_lease else others[index % 4],
+            name=f"vm-{index}",
+            template=two,
+            image=image,
+            priority=Priority.ON_DEMAND if in_lease else Priority.SPOT,
+            lease=lease if in_lease else None,
+        )
+        return vm.state
+
+    # Spot VMs fill the free GPUs first; then four more spot VMs, which can only borrow,
+    # race four VMs of the lease for the lease's 8 GPUs.
+    assert [create(n) for n in range(4)] == [VmState.PROVISIONING] * 4
+    results, errors = _race(8, lambda index: create(4 + index, in_lease=index % 2 == 0))
+    assert errors == []
+    assert len(results) == 8 and set(results) <= {VmState.PROVISIONING, VmState.PENDING}
+    placed = VirtualMachine.objects.filter(host__isnull=False)
+    for vm in placed:  # no GPU given twice: each placed VM holds its own two
+        assert Device.objects.filter(vm=vm).count() == 2
+    assert Device.objects.filter(vm__isnull=False).count() == 2 * placed.count() <= 16
+    # The lease's GPUs go to its own VMs or to borrowers, never to another on-demand VM.
+    assert not Device.objects.filter(lease=lease, vm__priority=Priority.ON_DEMAND).exclude(
+        vm__lease=lease
+    )
+    assert Device.objects.filter(lease=lease).count() == 8
+
+    # The borrowers run; the lease's VMs still waiting evict them, with their full notice,
+    # and take every one of the lease's GPUs at the hand-overs.
+    for vm in placed.filter(priority=Priority.SPOT):
+        report(fresh(vm), "running")
+    services.vm_schedule_pending()
+    evicting = list(VirtualMachine.objects.filter(state=VmState.EVICTING))
+    for vm in evicting:
+        assert vm.eviction_deadline == vm.eviction_notice_at + timedelta(seconds=60)
+        assert Device.objects.filter(vm=vm, lease=lease).exists()  # only borrowers
+        spot.evictions_reap(now=vm.eviction_deadline)
+        report(fresh(vm), "shutoff")
+    ours = VirtualMachine.objects.filter(lease=lease)
+    assert [vm.state for vm in ours] == [VmState.PROVISIONING] * 4
+    assert Device.objects.filter(vm__lease=lease, lease=lease).count() == 8
