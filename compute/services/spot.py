@@ -323,13 +323,15 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
         .values_list(
             "pk", "host_id", "numa_cell", "vcpus", "memory_mib", "state", _Epoch(UNSAVED_SINCE)
         )
-        .order_by("pk")
+        .order_by()
     )
     for pk, host_id, cell, vcpus, memory, state, started in rows:
         started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
         n = held[str(pk)]
         cand = Candidate(str(pk), host_id, n, vcpus, memory, started, cell)
         candidates.setdefault(host_id, []).append(cand)
+    for cands in candidates.values():
+        cands.sort(key=lambda c: (c.started, c.vm_id))  # the index's order (``_lists``)
     hosts = placement.lease_views(vm.lease_id)
     return choose_victims(hosts, candidates, req)
 
