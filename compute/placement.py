@@ -677,12 +677,7 @@ def _place_borrowing(vm: VirtualMachine, req: Request, nothing: NoValidHost) -> 
     except ClaimConflict as e:
         log.info("vm %s: claim of lent GPUs on %s lost a race (%s)", vm.pk, chosen.host_name, e)
         raise nothing from None  # it waits; the next pass decides again
-
-    def refresh():
-        with view.lock:
-            view.refresh_host(chosen.host_id)
-
-    transaction.on_commit(refresh, robust=True)
+    _refresh_after_commit(chosen.host_id)  # the cached view holds lent GPUs as held
     log.info("vm %s placed on %s, on GPUs a lease lends", vm.pk, chosen.host_name)
     return chosen
 
@@ -712,7 +707,11 @@ def release(vm: VirtualMachine) -> None:
         vcpus_used=F("vcpus_used") - vm.vcpus,
         memory_mib_used=F("memory_mib_used") - vm.memory_mib,
     )
-    host_id = vm.host_id
+    _refresh_after_commit(vm.host_id)
+
+
+def _refresh_after_commit(host_id: int) -> None:
+    """Read host ``host_id`` into this process's view again once the caller commits."""
 
     def refresh():
         with view.lock:

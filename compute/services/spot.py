@@ -303,33 +303,26 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
     GPUs are the lease's, lent until its VMs need them."""
     if leases.placement_refusal(vm):
         return None
-    lent = (
-        Device.objects.filter(
-            lease_id=vm.lease_id,
-            vm__priority=Priority.SPOT,
-            vm__state__in=EVICTABLE,
-            vm__task_state=VmTask.NONE,
-        )
-        .values_list("vm_id")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    held = {str(pk): n for pk, n in lent}
-    if not held:
-        return None
-    candidates: dict[int, list[Candidate]] = {}
+    # One query: each borrower with the number of the lease's GPUs it holds (the count is
+    # over the join the filter made, so of those GPUs only).
     rows = (
-        VirtualMachine.objects.filter(pk__in=list(held))
-        .values_list(
-            "pk", "host_id", "numa_cell", "vcpus", "memory_mib", "state", _Epoch(UNSAVED_SINCE)
+        VirtualMachine.objects.filter(
+            priority=Priority.SPOT,
+            state__in=EVICTABLE,
+            task_state=VmTask.NONE,
+            devices__lease_id=vm.lease_id,
         )
+        .values_list("pk", "host_id", "numa_cell", "vcpus", "memory_mib", "state")
+        .annotate(lent=Count("devices"), started=_Epoch(UNSAVED_SINCE))
         .order_by()
     )
-    for pk, host_id, cell, vcpus, memory, state, started in rows:
+    candidates: dict[int, list[Candidate]] = {}
+    for pk, host_id, cell, vcpus, memory, state, lent, started in rows:
         started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
-        n = held[str(pk)]
-        cand = Candidate(str(pk), host_id, n, vcpus, memory, started, cell)
+        cand = Candidate(str(pk), host_id, lent, vcpus, memory, started, cell)
         candidates.setdefault(host_id, []).append(cand)
+    if not candidates:
+        return None
     for cands in candidates.values():
         cands.sort(key=lambda c: (c.started, c.vm_id))  # the index's order (``_lists``)
     hosts = placement.lease_views(vm.lease_id)
