@@ -347,6 +347,14 @@ class LeaseCreateSerializer(serializers.Serializer):
     )
 
 
+class LeaseUpdateSerializer(serializers.Serializer):
+    lend_idle = serializers.BooleanField(
+        required=False,
+        help_text="lend its idle GPUs to spot VMs while it is active; false gives the spot "
+        "VMs borrowing them their eviction notice now",
+    )
+
+
 class CapacityGuaranteeSerializer(serializers.ModelSerializer):
     project = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 

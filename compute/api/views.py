@@ -431,6 +431,17 @@ class LeaseViewSet(
         )
         return _lease_answer(self, lease, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=s.LeaseUpdateSerializer, responses=s.LeaseSerializer)
+    def partial_update(self, request, *args, **kwargs):
+        """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
+        notice now); 409 once it has ended."""
+        data = s.LeaseUpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        lease = self.get_object()
+        if "lend_idle" in data.validated_data:  # a PATCH naming nothing changes nothing
+            lease = services.lease_update(lease=lease, **data.validated_data)
+        return _lease_answer(self, lease)
+
     @extend_schema(request=None, responses=s.LeaseSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, *args, **kwargs):

@@ -36,7 +36,7 @@ from compute.services.images import (
     image_register,
     image_upload,
 )
-from compute.services.leases import lease_cancel, lease_create, leases_tick
+from compute.services.leases import lease_cancel, lease_create, lease_update, leases_tick
 from compute.services.reclaim import budget_reclaim, reclaim_run, reclamation_report
 from compute.services.reconcile import (
     guests_reported,
@@ -93,6 +93,7 @@ __all__ = [
     "inventory_reported",
     "lease_cancel",
     "lease_create",
+    "lease_update",
     "leases_tick",
     "placement_group_create",
     "placement_group_delete",

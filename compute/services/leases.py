@@ -355,6 +355,60 @@ def lease_cancel(*, lease: Lease, actor=None) -> Lease:
     return lease
 
 
+# --- lending, changed ----------------------------------------------------------------------
+
+
+def lease_update(*, lease: Lease, lend_idle: bool) -> Lease:
+    """Let ``lease`` lend its idle GPUs to spot VMs from now on, or stop. Stopping gives
+    the spot VMs borrowing its GPUs their eviction notice now, so the GPUs are idle again
+    once it is over and the lease's VMs start at once from then; a VM of the lease that
+    asks before takes them at the hand-over, as it would have. Starting lets spot VMs that
+    find no other room borrow its idle GPUs while it is active. A lease that has ended is
+    refused (409); the same value again changes nothing and records nothing."""
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().select_related("project").get(pk=lease.pk)
+        if lease.state not in HOLDING:
+            raise Conflict(
+                f"lease {lease.name} is {lease.state}: it holds no GPUs to lend",
+                code="lease_ended",
+                details={"state": [lease.state]},
+            )
+        if lease.lend_idle == lend_idle:
+            return lease
+        lease.lend_idle = lend_idle
+        lease.save(update_fields=["lend_idle"])
+        noticed = 0
+        if lease.state == LeaseState.ACTIVE:
+            # The scheduler's view reads whether some lease lends (``_CachedView.lends``).
+            transaction.on_commit(placement.view.invalidate, robust=True)
+            if not lend_idle:
+                noticed = _notice_borrowers(lease)
+        audit.record(
+            "lease.update",
+            lease,
+            project=lease.project,
+            detail={"lend_idle": lend_idle, "spot_noticed": noticed},
+        )
+    return lease
+
+
+def _notice_borrowers(lease: Lease) -> int:
+    """The eviction notice of each spot VM on ``lease``'s GPUs (its row locked), in the
+    order of every writer of a host's VMs: the hosts, then the VMs. The borrowers may be
+    other projects': their trails name the scheduler, not this lease's admin."""
+    rows = Device.objects.filter(lease=lease, vm__priority=Priority.SPOT)
+    pairs = set(rows.values_list("host_id", "vm_id").order_by())
+    for host_id in sorted({host_id for host_id, _ in pairs}):
+        Host.objects.select_for_update(no_key=True).filter(pk=host_id).exists()
+    with audit.acting_as("scheduler"):
+        return _notify_spot(
+            {vm_id for _, vm_id in pairs},
+            lease,
+            timezone.now(),
+            why=f"its lease {lease.name} no longer lends its GPUs",
+        )
+
+
 # --- the tick: prepare, start, warn, end -------------------------------------------------------
 
 
@@ -423,7 +477,7 @@ def _prepare(lease: Lease, now: datetime) -> None:
         return
     Device.objects.filter(pk__in=[d.pk for d in held]).update(lease=lease)
     transaction.on_commit(placement.view.invalidate, robust=True)  # its GPUs are no one's
-    noticed = _notify_spot([d.vm for d in held if d.vm is not None], lease, now)
+    noticed = _notify_spot([d.vm_id for d in held if d.vm_id is not None], lease, now)
     lease.state = LeaseState.PREPARING
     lease.state_reason = (
         f"holding {len(held)} of {lease.gpus} GPUs" if len(held) < lease.gpus else ""
@@ -481,13 +535,15 @@ def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
     return chosen
 
 
-def _notify_spot(vms: list[VirtualMachine], lease: Lease, now: datetime) -> int:
-    """The eviction notice of each spot VM on the lease's GPUs (one that has one already
-    keeps it). The notice ends before the lease starts."""
+def _notify_spot(vm_ids, lease: Lease, now: datetime, *, why: str = "") -> int:
+    """The eviction notice of each spot VM of ``vm_ids`` on the lease's GPUs (one that has
+    one already keeps it). ``why`` by default: the GPUs are reserved (the notice ends
+    before the lease starts)."""
     from compute.services import spot
 
+    why = why or f"its GPUs are reserved from {lease.starts_at:%H:%M:%S}"
     noticed = 0
-    for pk in sorted({vm.pk for vm in vms}):
+    for pk in sorted(set(vm_ids)):
         vm = (
             VirtualMachine.objects.select_for_update(of=("self",))
             .select_related("project", "template", "host")
@@ -495,7 +551,7 @@ def _notify_spot(vms: list[VirtualMachine], lease: Lease, now: datetime) -> int:
             .first()
         )
         if vm is not None:
-            spot.notify(vm, None, now, why=f"its GPUs are reserved from {lease.starts_at:%H:%M:%S}")
+            spot.notify(vm, None, now, why=why)
             noticed += 1
     return noticed
 

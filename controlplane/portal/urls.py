@@ -95,6 +95,7 @@ project_urls = [
     path("reclamation/", reclamation.reclamation, name="reclamation"),
     path("leases/", leases.leases, name="leases"),
     path("leases/<int:pk>/cancel/", leases.lease_cancel, name="lease-cancel"),
+    path("leases/<int:pk>/lending/", leases.lease_lending, name="lease-lending"),
     path("members/", people.members, name="members"),
     path("members/<str:username>/role/", people.member_role, name="member-role"),
     path("members/<str:username>/remove/", people.member_remove, name="member-remove"),

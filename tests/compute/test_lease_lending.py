@@ -15,6 +15,8 @@ from compute.claims import ClaimConflict
 from compute.models import Device, Lease, VirtualMachine
 from compute.scheduler import Placement
 from compute.services import spot
+from controlplane import audit
+from controlplane.errors import Conflict
 from controlplane.models import AuditEvent
 from tests.compute.test_guarantees import _race, roomy_project
 from tests.compute.test_leases import LEAD, _one_now, hour, reserve  # noqa: F401 (autouse)
@@ -115,6 +117,78 @@ def test_a_lease_that_does_not_lend_keeps_its_idle_gpus_idle(sent):
     assert worker.state == VmState.PROVISIONING
     audit = AuditEvent.objects.get(action="lease.create", object_id=str(lease.pk))
     assert audit.detail["lend_idle"] is False
+
+
+def test_a_lease_that_stops_lending_notices_its_borrowers_and_its_vms_start_at_once(sent):
+    make_host("gpu-a")
+    mine, other = roomy_project(), roomy_project()
+    four = make_template(gpus=4, eviction_notice_s=90)
+    lease = _active(reserve(mine, 8, hour(1), hour(3)))
+    borrower = _running(make_vm(other, template=four, priority=Priority.SPOT))
+    assert Device.objects.filter(vm=borrower, lease=lease).count() == 4
+
+    with audit.audit_context(actor=mine.owner, ip_address="192.0.2.7"):
+        lease = services.lease_update(lease=lease, lend_idle=False)
+    assert fresh_lease(lease).lend_idle is False
+    # The borrower gets its full notice now, for no VM in particular: the GPUs go idle.
+    borrower = fresh(borrower)
+    assert borrower.state == VmState.EVICTING and borrower.evicted_for_id is None
+    assert borrower.eviction_deadline == borrower.eviction_notice_at + timedelta(seconds=90)
+    assert "no longer lends its GPUs" in borrower.state_reason
+    update = AuditEvent.objects.get(action="lease.update", object_id=str(lease.pk))
+    assert update.detail == {"lend_idle": False, "spot_noticed": 1}
+    assert update.actor == mine.owner and update.project == mine
+    # The borrower is another project's: its trail names the scheduler, not who changed it.
+    notice = AuditEvent.objects.get(action="vm.eviction_notice", object_id=str(borrower.pk))
+    assert (notice.actor, notice.actor_name, notice.ip_address) == (None, "scheduler", None)
+    # No spot VM borrows from it any more, not even with the view fresh.
+    waiting = make_vm(other, template=four, priority=Priority.SPOT)
+    assert waiting.state == VmState.PENDING
+    spot.evictions_reap(now=borrower.eviction_deadline)
+    report(fresh(borrower), "shutoff")
+    assert fresh(borrower).state == VmState.EVICTED
+    services.vm_schedule_pending()
+    assert fresh(waiting).state == VmState.PENDING
+    assert not Device.objects.filter(lease=lease, vm__isnull=False).exists()
+    # Its own VMs start at once: nothing to evict.
+    worker = make_vm(mine, template=make_template(gpus=8), lease=lease)
+    assert worker.state == VmState.PROVISIONING
+
+    # Lending again lets the waiting spot VM borrow what the worker leaves idle.
+    services.vm_delete(vm=fresh(worker))
+    report(fresh(worker), "absent")
+    services.vm_schedule_pending()
+    assert fresh(waiting).state == VmState.PENDING  # idle, but kept for the lease's VMs
+    services.lease_update(lease=lease, lend_idle=True)
+    services.vm_schedule_pending()
+    assert fresh(waiting).state == VmState.PROVISIONING
+    assert Device.objects.filter(vm=waiting, lease=lease).count() == 4
+    assert AuditEvent.objects.filter(action="lease.update").count() == 2
+
+
+def test_lending_changed_before_the_start_and_after_the_end(sent):
+    make_host("gpu-a")
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 8, hour(1), hour(2), lend_idle=False)
+    # Before its start it only says what the lease will do; the same value records nothing.
+    services.lease_update(lease=lease, lend_idle=False)
+    assert not AuditEvent.objects.filter(action="lease.update").exists()
+    services.lease_update(lease=lease, lend_idle=True)
+    lease = _active(fresh_lease(lease))
+    assert lease.lend_idle
+    borrower = make_vm(other, template=make_template(gpus=8), priority=Priority.SPOT)
+    assert Device.objects.filter(vm=borrower, lease=lease).count() == 8
+
+    assert services.leases_tick(now=lease.ends_at)["ended"] == 1
+    with pytest.raises(Conflict) as refused:
+        services.lease_update(lease=lease, lend_idle=False)
+    assert refused.value.code == "lease_ended"
+    assert refused.value.details == {"state": [LeaseState.ENDED]}
+    assert fresh_lease(lease).lend_idle
+
+
+def fresh_lease(lease: Lease) -> Lease:
+    return Lease.objects.get(pk=lease.pk)
 
 
 @pytest.mark.parametrize("state", [LeaseState.PREPARING, LeaseState.ACTIVE])

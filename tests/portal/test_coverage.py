@@ -62,6 +62,7 @@ PORTAL = {
     f"POST {P}leases/": "portal:leases",
     f"GET {P}leases/{{id}}/": "portal:leases",
     f"POST {P}leases/{{id}}/cancel/": "portal:lease-cancel",
+    f"PATCH {P}leases/{{id}}/": "portal:lease-lending",  # its lending button
     # Network
     f"GET {P}networks/": "portal:networks",
     f"POST {P}networks/": "portal:networks",

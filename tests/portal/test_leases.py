@@ -162,6 +162,31 @@ def test_an_admin_cancels(login, project, cloud):
     assert AuditEvent.objects.for_project(project).filter(action="lease.cancel").exists()
 
 
+def test_an_admin_switches_lending_and_a_member_cannot(login, project, cloud):
+    lease = reserve(project, 1, at(2), at(3), "mine")
+    assert (
+        "data-lending>Keep idle GPUs for its VMs"
+        in login(project.owner).get(url("leases", project)).content.decode()
+    )
+    lending = url("lease-lending", project, pk=lease.pk)
+    member = login(cloud["users"][Role.MEMBER])
+    assert member.post(lending, {"lend_idle": "0"}).status_code == 403
+    client = login(project.owner)
+    response = client.post(lending, {"lend_idle": "0"}, follow=True)
+    html = response.content.decode()
+    assert "Lease mine keeps its idle GPUs for its VMs." in html
+    assert "(kept idle for its VMs)" in html and "data-lending>Lend idle GPUs to spot VMs" in html
+    assert not Lease.objects.get(pk=lease.pk).lend_idle
+    event = AuditEvent.objects.for_project(project).get(action="lease.update")
+    assert event.source == "portal" and event.detail["lend_idle"] is False
+    # A value that is neither is refused, naming the field, and audited.
+    bad = client.post(lending, {"lend_idle": "yes"}, follow=True)
+    assert "lend_idle: 1 (lend) or 0 (keep idle)" in bad.content.decode()
+    refused = AuditEvent.objects.for_project(project).get(outcome=AuditOutcome.FAILED)
+    assert refused.detail["details"] == {"lend_idle": ["1 (lend) or 0 (keep idle)"]}
+    assert not Lease.objects.get(pk=lease.pk).lend_idle
+
+
 def test_a_vm_is_launched_in_a_lease(login, project, cloud):
     lease = reserve(project, 1, at(2), at(3), "mine")
     ended = reserve(project, 1, at(4), at(5), "over")

@@ -247,8 +247,20 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
                      "--no-lend-idle")  # fmt: skip
     assert "Lease later: 2 x A100-SXM4-40GB" in made.stderr
     assert not kumo.leases.find("later").lend_idle
+    lent = logged_in("lease", "update", "later", "--lend-idle")
+    assert "Lease later lends its idle GPUs to spot VMs." in lent.stderr
+    assert kumo.leases.find("later").lend_idle
+    assert not kumo.leases.update(lease.id, lend_idle=False).lend_idle
+    with pytest.raises(InvalidInput) as bad:
+        kumo.leases.update(lease.id, lend_idle="maybe")
+    assert "lend_idle" in bad.value.details
+    unsaid = logged_in("lease", "update", "later", ok=False)
+    assert unsaid.exit_code != 0 and "--lend-idle or --no-lend-idle" in unsaid.stderr
     assert "is cancelled" in logged_in("lease", "cancel", "later").stderr
     assert kumo.leases.cancel(lease.id).state == "cancelled"
+    with pytest.raises(Conflict) as ended:
+        kumo.leases.update(lease.id, lend_idle=True)
+    assert ended.value.code == "lease_ended" and ended.value.details == {"state": ["cancelled"]}
     # Whole hosts: every GPU of each.
     whole = kumo.leases.create("node", hosts=1, starts_at=start, ends_at=start + timedelta(hours=1))
     assert (whole.hosts, whole.gpus) == (1, 8)

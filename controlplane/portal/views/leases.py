@@ -1,6 +1,7 @@
 """Leases (``compute.services.leases``): a project's reservations of GPUs as a timeline
 over the coming days, reserving (admins: a lease is billed whether used or not; a lease
-the fleet cannot hold shows the earliest period that fits), cancelling; and the
+the fleet cannot hold shows the earliest period that fits), cancelling, lending idle GPUs
+or keeping them; and the
 operators' calendar of every project's leases over the next 30 days."""
 
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from django.views.decorators.http import require_POST
 from compute import guarantees, services
 from compute.leases import HOLDING
 from compute.models import Lease
-from controlplane.errors import Conflict, KumoError
-from controlplane.portal.access import form_error, project_page, staff_page
+from controlplane.errors import Conflict, InvalidInput, KumoError
+from controlplane.portal.access import form_error, project_page, record_refusal, staff_page
 from controlplane.portal.forms import LeaseForm
 from controlplane.portal.views.common import act, page
 from tenants.choices import Role
@@ -149,6 +150,33 @@ def lease_cancel(request, project, pk):
         back=reverse("portal:leases", kwargs={"slug": project.slug}),
         lease=lease,
         actor=request.user,
+    )
+
+
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def lease_lending(request, project, pk):
+    """Lend the lease's idle GPUs to spot VMs (``lend_idle=1``), or keep them idle for its
+    VMs (``0``: the spot VMs borrowing them get their eviction notice now)."""
+    lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
+    lend = request.POST.get("lend_idle")
+    if lend not in ("0", "1"):
+        error = InvalidInput.field("lend_idle", "1 (lend) or 0 (keep idle)")
+        record_refusal(error.status, error.code, error.message, obj=lease, details=error.details)
+        messages.error(request, error.message)
+        return redirect("portal:leases", slug=project.slug)
+    done = (
+        _("Lease %(name)s lends its idle GPUs to spot VMs.")
+        if lend == "1"
+        else _("Lease %(name)s keeps its idle GPUs for its VMs.")
+    )
+    return act(
+        request,
+        services.lease_update,
+        done=done % {"name": lease.name},
+        back=reverse("portal:leases", kwargs={"slug": project.slug}),
+        lease=lease,
+        lend_idle=lend == "1",
     )
 
 

@@ -100,6 +100,37 @@ def lease_create(
     return None
 
 
+@command(app, "update")
+def lease_update(
+    ctx: typer.Context,
+    name: str,
+    lend_idle: Annotated[
+        bool | None,
+        typer.Option(
+            "--lend-idle/--no-lend-idle",
+            help="Lend its idle GPUs to spot VMs, or keep them idle for its VMs (the spot "
+            "VMs borrowing them get their eviction notice now).",
+        ),
+    ] = None,
+    json: Json = False,
+) -> None:
+    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs."""
+    if lend_idle is None:
+        raise typer.BadParameter("say --lend-idle or --no-lend-idle", param_hint="lend_idle")
+    with connect(ctx) as kumo:
+        project = current_project(kumo)
+        found = kumo.leases.find(name, project=project)
+        done = kumo.leases.update(found.id, lend_idle=lend_idle, project=project)
+    if json:
+        return output.emit_json(done.raw)
+    output.note(
+        f"Lease {done.name} lends its idle GPUs to spot VMs."
+        if done.lend_idle
+        else f"Lease {done.name} keeps its idle GPUs for its VMs."
+    )
+    return None
+
+
 @command(app, "cancel")
 def lease_cancel(ctx: typer.Context, name: str) -> None:
     """Cancel a lease: not started, it is billed nothing; started, it ends now and its VMs

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kumo_sdk import errors
-from kumo_sdk.resource import CREATE, DELETE, READ, Resource, Singleton
+from kumo_sdk.resource import CREATE, DELETE, READ, UPDATE, Resource, Singleton
 from kumo_sdk.types import (
     ConsoleTicket,
     Image,
@@ -71,11 +71,13 @@ class Leases(Resource[Lease]):
     gpu_model=...)``, or ``hosts=n`` for whole hosts instead of ``gpus`` (admins; datetimes or
     ISO 8601 strings), answers 409 when it does not fit,
     with the earliest period that does in ``details["earliest_starts_at"]``; ``cancel``
-    drops one not started (billed nothing) or ends one now (its VMs are shelved). ``list``
+    drops one not started (billed nothing) or ends one now (its VMs are shelved);
+    ``update(id, lend_idle=False)`` keeps its idle GPUs for its VMs from now on (the spot
+    VMs borrowing them get their eviction notice now), ``True`` lends them again. ``list``
     filters: ``state``, ``ends_after`` and ``starts_before`` (a calendar's window)."""
 
     path, type = "leases/", Lease
-    verbs = READ | {CREATE}
+    verbs = READ | {CREATE, UPDATE}
 
     def _find_filters(self, name: str) -> dict[str, Any]:
         return {"name": name}
