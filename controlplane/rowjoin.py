@@ -40,6 +40,9 @@ class RowLookup:
 
     ``relations`` are ``(alias, foreign key name, alias of the related row)``: each is
     cached on the instance, as ``select_related`` would, when both rows were found.
+
+    ``lock``: a locking clause (``FOR UPDATE OF m``), added where the database locks rows,
+    as ``select_for_update`` adds it; a locking lookup runs in the caller's transaction.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class RowLookup:
         joins: Sequence[Join] = (),
         where: str,
         relations: Sequence[tuple[str, str, str]] = (),
+        lock: str = "",
     ) -> None:
         self.model = model
         self.tables = [("m", model), *((j.alias, j.model) for j in joins)]
@@ -69,6 +73,8 @@ class RowLookup:
             kind = "LEFT JOIN" if join.outer else "JOIN"
             sql += f' {kind} "{join.model._meta.db_table}" {join.alias} ON {join.on}'
         self.sql = f"{sql} WHERE {where} LIMIT 1"
+        self.locked_sql = f"{self.sql} {lock}" if lock else self.sql
+        self.locks = bool(lock)
         self._converters: dict[str, tuple] = {}
 
     def _converters_for(self, alias: str, connection) -> tuple:
@@ -84,9 +90,10 @@ class RowLookup:
         return cached
 
     def first(self, *params) -> dict | None:
-        alias = router.db_for_read(self.model)
+        alias = router.db_for_write(self.model) if self.locks else router.db_for_read(self.model)
         connection = connections[alias]
-        rows = prepared.fetch(connection, self.sql, params)
+        sql = self.locked_sql if connection.features.has_select_for_update else self.sql
+        rows = prepared.fetch(connection, sql, params)
         if not rows:
             return None
         row = rows[0]
@@ -119,7 +126,7 @@ class JoinedLookup:
     related model), with ``%s`` placeholders; it must match at most one row (a unique key),
     as the lookups it serves do."""
 
-    def __init__(self, model, relation: str, where: str) -> None:
+    def __init__(self, model, relation: str, where: str, *, lock: str = "") -> None:
         field = model._meta.get_field(relation)
         self._lookup = RowLookup(
             model,
@@ -132,6 +139,7 @@ class JoinedLookup:
             ],
             where=where,
             relations=[("m", relation, "r")],
+            lock=lock,
         )
         self.sql = self._lookup.sql
 

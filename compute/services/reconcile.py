@@ -16,7 +16,7 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from compute import placement
@@ -29,6 +29,7 @@ from compute.services.lifecycle import current_operation, desired_power, send_ap
 from compute.services.vms import vm_finish_delete
 from controlplane import agents, audit
 from controlplane.errors import Conflict
+from controlplane.rowjoin import JoinedLookup, RowLookup
 from controlplane.services import operation_create, operation_finish
 from tenants import usage
 
@@ -163,6 +164,28 @@ def _finish_operation(operation_id: str, *, vm: VirtualMachine, ok: bool, error:
         )
 
 
+# Every report of every host reads these two rows, locked: their SQL is built once per
+# process (``controlplane.rowjoin``), not compiled by the ORM for each report. The same rows,
+# locks and objects as ``Host.objects.select_for_update(no_key=True).filter(name=...)`` and
+# ``VirtualMachine.objects.select_for_update(of=("self",)).select_related("project")``.
+_HOST_LOCK = RowLookup(Host, where='m."name" = %s', lock="FOR NO KEY UPDATE OF m")
+_VM_LOCK = JoinedLookup(VirtualMachine, "project", 'm."id" = %s', lock="FOR UPDATE OF m")
+
+
+def _reporting_host(name: str) -> Host | None:
+    found = _HOST_LOCK.first(name)
+    return None if found is None else found["m"]
+
+
+def _reported_vm(vm_id) -> VirtualMachine | None:
+    """The VM ``vm_id`` (as a report names it) with its project, its row locked; None for
+    no id or no such VM. An id that is no UUID is refused as the ORM refuses it."""
+    if vm_id is None:
+        return None
+    key = VirtualMachine._meta.pk
+    return _VM_LOCK.first(key.get_db_prep_value(key.to_python(vm_id), connection))
+
+
 @transaction.atomic
 def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachine | None:
     """The outcome of one ``vm_apply``: the guest's generation and power, or the error the
@@ -170,13 +193,8 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
     VM's guest found off may complete its hand-over (``spot.evictions_hand_over``).
 
     Locks the reporting host's row, then the VM: the order of the guests report."""
-    host_row = Host.objects.select_for_update(no_key=True).filter(name=host).first()
-    vm = (
-        VirtualMachine.objects.select_for_update(of=("self",))
-        .select_related("project")
-        .filter(pk=payload.get("vm_id"))
-        .first()
-    )
+    host_row = _reporting_host(host)
+    vm = _reported_vm(payload.get("vm_id"))
     operation_id = payload.get("operation_id", "")
     on_host = host_row is not None and vm is not None and vm.host_id == host_row.pk
     if not on_host or vm.state == VmState.DELETED:

@@ -427,3 +427,40 @@ def test_placement_group_anti_affinity_and_affinity(project, sent):
     together = services.placement_group_create(project=project, name="pair", policy="affinity")
     first = make_vm(project, placement_group=together)
     assert make_vm(project, placement_group=together).host_id == first.host_id
+
+
+def test_a_report_reads_and_locks_its_host_and_vm_as_the_orm_would(project, sent):
+    from django.core.exceptions import ValidationError
+    from django.forms.models import model_to_dict
+
+    from compute.services import reconcile
+
+    make_host("gpu-a")
+    vm = make_vm(project, template=make_template(gpus=1))
+    locked_vm = reconcile._reported_vm(str(vm.pk))
+    orm_vm = VirtualMachine.objects.select_related("project").get(pk=vm.pk)
+    assert model_to_dict(locked_vm) == model_to_dict(orm_vm)
+    assert (locked_vm.created_at, locked_vm.updated_at) == (orm_vm.created_at, orm_vm.updated_at)
+    with CaptureQueriesContext(connection) as queries:
+        assert model_to_dict(locked_vm.project) == model_to_dict(orm_vm.project)  # loaded
+    assert not queries.captured_queries
+    host = Host.objects.get(name="gpu-a")
+    assert model_to_dict(reconcile._reporting_host("gpu-a")) == model_to_dict(host)
+    assert reconcile._reporting_host("gpu-b") is None
+    assert reconcile._reported_vm(None) is None
+    assert reconcile._reported_vm("00000000-0000-0000-0000-000000000000") is None
+    with pytest.raises(ValidationError):  # as ``filter(pk="not-a-uuid")`` refuses it
+        reconcile._reported_vm("not-a-uuid")
+
+    # Each report locks the host's row, then the VM's, where the database locks rows.
+    vm = fresh(vm)
+    payload = {"vm_id": str(vm.pk), "generation": vm.generation, "power": "running",
+               "ok": True, "operation_id": current_operation(vm)}  # fmt: skip
+    with CaptureQueriesContext(connection) as queries:
+        services.vm_observed(host="gpu-a", payload=payload, sent_at=timezone.now())
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")][:2]
+    assert '"compute_host"' in reads[0] and '"compute_virtualmachine"' in reads[1]
+    if connection.features.has_select_for_update:
+        assert reads[0].endswith("FOR NO KEY UPDATE OF m")
+        assert reads[1].endswith("FOR UPDATE OF m")
+    assert fresh(vm).state == VmState.RUNNING
