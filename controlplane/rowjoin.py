@@ -6,7 +6,9 @@ SQL anew, which costs more CPU than the database spends answering it. ``RowLooku
 the ``SELECT … JOIN …`` once from the models' metadata and, per call, only executes it and
 turns the row into model instances the way the ORM does (the database backend's and each
 field's converters, ``Model.from_db``, relations cached as ``select_related`` would).
-``JoinedLookup`` is its common case: one model and one foreign key.
+``JoinedLookup`` is its common case: one model and one foreign key. A host's report of a VM
+(``compute.services.reconcile.vm_observed``) locks its host and its VM the same way, with a
+locking clause.
 """
 
 from __future__ import annotations
