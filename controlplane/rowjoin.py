@@ -75,8 +75,8 @@ class RowLookup:
             kind = "LEFT JOIN" if join.outer else "JOIN"
             sql += f' {kind} "{join.model._meta.db_table}" {join.alias} ON {join.on}'
         self.sql = f"{sql} WHERE {where} LIMIT 1"
+        self.lock = lock
         self.locked_sql = f"{self.sql} {lock}" if lock else self.sql
-        self.locks = bool(lock)
         self._converters: dict[str, tuple] = {}
 
     def _converters_for(self, alias: str, connection) -> tuple:
@@ -92,7 +92,7 @@ class RowLookup:
         return cached
 
     def first(self, *params) -> dict | None:
-        alias = router.db_for_write(self.model) if self.locks else router.db_for_read(self.model)
+        alias = router.db_for_write(self.model) if self.lock else router.db_for_read(self.model)
         connection = connections[alias]
         sql = self.locked_sql if connection.features.has_select_for_update else self.sql
         rows = prepared.fetch(connection, sql, params)

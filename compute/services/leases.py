@@ -398,12 +398,10 @@ def _notice_borrowers(lease: Lease) -> int:
     other projects': their trails name the scheduler, not this lease's admin."""
     rows = Device.objects.filter(lease=lease, vm__priority=Priority.SPOT)
     pairs = set(rows.values_list("host_id", "vm_id").order_by())
-    for host_id in sorted({host_id for host_id, _ in pairs}):
-        Host.objects.select_for_update(no_key=True).filter(pk=host_id).exists()
+    _lock_hosts(host_id for host_id, _ in pairs)
     with audit.acting_as("scheduler"):
         return _notify_spot(
             {vm_id for _, vm_id in pairs},
-            lease,
             timezone.now(),
             why=f"its lease {lease.name} no longer lends its GPUs",
         )
@@ -452,9 +450,7 @@ def _prepare(lease: Lease, now: datetime) -> None:
     """Take hold of real GPUs for ``lease`` and give the spot VMs on them their notice."""
     guarantees._advisory_lock(f"kumo.guarantee.gpu.{lease.gpu_model}")
     chosen = _choose_devices(lease)
-    # Lock order of every writer of a host's devices and VMs: the hosts, then the devices.
-    for host_id in sorted({host_id for _, host_id in chosen}):
-        Host.objects.select_for_update(no_key=True).filter(pk=host_id).exists()
+    _lock_hosts(host_id for _, host_id in chosen)
     held = []
     rows = Device.objects.select_for_update(of=("self",)).filter(
         pk__in=[pk for pk, _ in chosen], lease__isnull=True
@@ -477,7 +473,9 @@ def _prepare(lease: Lease, now: datetime) -> None:
         return
     Device.objects.filter(pk__in=[d.pk for d in held]).update(lease=lease)
     transaction.on_commit(placement.view.invalidate, robust=True)  # its GPUs are no one's
-    noticed = _notify_spot([d.vm_id for d in held if d.vm_id is not None], lease, now)
+    # Their notices end before the lease starts (``KUMO_LEASE_LEAD_S``).
+    why = f"its GPUs are reserved from {lease.starts_at:%H:%M:%S}"
+    noticed = _notify_spot([d.vm_id for d in held if d.vm_id is not None], now, why=why)
     lease.state = LeaseState.PREPARING
     lease.state_reason = (
         f"holding {len(held)} of {lease.gpus} GPUs" if len(held) < lease.gpus else ""
@@ -535,13 +533,18 @@ def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
     return chosen
 
 
-def _notify_spot(vm_ids, lease: Lease, now: datetime, *, why: str = "") -> int:
-    """The eviction notice of each spot VM of ``vm_ids`` on the lease's GPUs (one that has
-    one already keeps it). ``why`` by default: the GPUs are reserved (the notice ends
-    before the lease starts)."""
+def _lock_hosts(host_ids) -> None:
+    """Lock hosts ``host_ids`` in key order: every writer of a host's devices and VMs locks
+    the hosts first, then the devices or VMs."""
+    for host_id in sorted(set(host_ids)):
+        Host.objects.select_for_update(no_key=True).filter(pk=host_id).exists()
+
+
+def _notify_spot(vm_ids, now: datetime, *, why: str) -> int:
+    """The eviction notice of each spot VM of ``vm_ids`` (one that has one already keeps
+    it), saying ``why``."""
     from compute.services import spot
 
-    why = why or f"its GPUs are reserved from {lease.starts_at:%H:%M:%S}"
     noticed = 0
     for pk in sorted(set(vm_ids)):
         vm = (

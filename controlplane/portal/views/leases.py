@@ -20,7 +20,7 @@ from compute import guarantees, services
 from compute.leases import HOLDING
 from compute.models import Lease
 from controlplane.errors import Conflict, InvalidInput, KumoError
-from controlplane.portal.access import form_error, project_page, record_refusal, staff_page
+from controlplane.portal.access import form_error, project_page, staff_page
 from controlplane.portal.forms import LeaseForm
 from controlplane.portal.views.common import act, page
 from tenants.choices import Role
@@ -159,24 +159,25 @@ def lease_lending(request, project, pk):
     """Lend the lease's idle GPUs to spot VMs (``lend_idle=1``), or keep them idle for its
     VMs (``0``: the spot VMs borrowing them get their eviction notice now)."""
     lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
-    lend = request.POST.get("lend_idle")
-    if lend not in ("0", "1"):
-        error = InvalidInput.field("lend_idle", "1 (lend) or 0 (keep idle)")
-        record_refusal(error.status, error.code, error.message, obj=lease, details=error.details)
-        messages.error(request, error.message)
-        return redirect("portal:leases", slug=project.slug)
+    lend = {"1": True, "0": False}.get(request.POST.get("lend_idle", ""))
+
+    def change(lease, lend_idle):  # a bad value is refused, and audited, as ``act`` does
+        if lend_idle is None:
+            raise InvalidInput.field("lend_idle", "1 (lend) or 0 (keep idle)")
+        services.lease_update(lease=lease, lend_idle=lend_idle)
+
     done = (
         _("Lease %(name)s lends its idle GPUs to spot VMs.")
-        if lend == "1"
+        if lend
         else _("Lease %(name)s keeps its idle GPUs for its VMs.")
     )
     return act(
         request,
-        services.lease_update,
+        change,
         done=done % {"name": lease.name},
         back=reverse("portal:leases", kwargs={"slug": project.slug}),
         lease=lease,
-        lend_idle=lend == "1",
+        lend_idle=lend,
     )
 
 
