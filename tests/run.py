@@ -11,6 +11,8 @@
   `make run` uses: the tests marked ``embedded`` or ``e2e`` on SQLite and the filesystem broker.
   It runs beside the main pass, after the real-guest test (which mostly waits for a guest
   under TCG on one core), and its output follows the main pass's.
+- The run ends with a recap of every failing test of every pass: where it failed and the first
+  lines of its message, so that the tail of a long log (all a CI excerpt may keep) names them.
 """
 
 import json
@@ -19,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +73,8 @@ def main() -> int:
     # The whole suite on PostgreSQL. The real-guest test spends minutes waiting for a guest
     # under QEMU's TCG, mostly on one core: it runs beside the main pass, on its own test
     # database, followed by the embedded pass; their output follows the main pass's.
-    side_log = Path(env["KUMO_VAR_DIR"]) / "side-chain.log"
+    var = Path(env["KUMO_VAR_DIR"])
+    side_log = var / "side-chain.log"
     with side_log.open("w") as out:
         side = subprocess.Popen(
             [sys.executable, "-c", SIDE_CHAIN, json.dumps(env)],
@@ -78,7 +82,9 @@ def main() -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        status = subprocess.call([*cmd, "-m", "not real_guest"], cwd=ROOT, env=env)
+        status = subprocess.call(
+            [*cmd, "-m", "not real_guest", f"--junitxml={var / 'main.xml'}"], cwd=ROOT, env=env
+        )
         side_status = side.wait()
     print("\nkumo test run: the real guest, then the embedded defaults", flush=True)
     sys.stdout.write(side_log.read_text())
@@ -86,12 +92,42 @@ def main() -> int:
     def said(code: int) -> str:
         return "passed" if code == 0 else f"FAILED ({code})"
 
+    for report in ("main.xml", "guest.xml", "embedded.xml"):
+        for line in failures(var / report):
+            print(line)
     print(
         f"\nkumo test run: main pass {said(status)}; "
         f"real guest and embedded pass {said(side_status)}",
         flush=True,
     )
     return status or side_status
+
+
+RECAP_LINES = 12
+RECAP_WIDTH = 240
+
+
+def failures(report: Path) -> list[str]:
+    """The recap of one pass's JUnit report: for each failing test, its id, the lines of the
+    suite its traceback went through (``path:line``, outermost first) and the first lines of
+    its error, each cut to a width. Nothing for a pass that did not run or wrote no report."""
+    try:
+        root = ET.parse(report).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    lines = []
+    for case in root.iter("testcase"):
+        for failed in (*case.findall("failure"), *case.findall("error")):
+            text = (failed.text or "").splitlines()
+            frames = [line.split(": ")[0] for line in text if line.startswith("tests/")]
+            lines.append(
+                f"\nkumo test run: {report.stem} pass failed "
+                f"{case.get('classname')}::{case.get('name')}"
+                + (f" at {' > '.join(frames)}" if frames else "")
+            )
+            error = [line[1:].strip() for line in text if line.startswith("E ")]
+            lines += [f"  {line[:RECAP_WIDTH]}" for line in error[:RECAP_LINES] if line]
+    return lines
 
 
 def side_chain(env: dict) -> int:
@@ -101,14 +137,21 @@ def side_chain(env: dict) -> int:
     guest = {**env, "DATABASE_TEST_NAME": env["DATABASE_TEST_NAME"] + "_guest"}
     guest["KUMO_VAR_DIR"] = tempfile.mkdtemp(prefix="kumo-test-guest-")
     print("kumo test run: the real guest (PostgreSQL)", flush=True)
-    status = subprocess.call([*pytest, "-m", "real_guest"], cwd=ROOT, env=guest)
+    var = Path(env["KUMO_VAR_DIR"])
+    status = subprocess.call(
+        [*pytest, "-m", "real_guest", f"--junitxml={var / 'guest.xml'}"], cwd=ROOT, env=guest
+    )
 
     print("\nkumo test run: embedded defaults (SQLite, filesystem broker)", flush=True)
     embedded = dict(env)
     embedded["KUMO_VAR_DIR"] = tempfile.mkdtemp(prefix="kumo-test-embedded-")
     embedded["DATABASE_URL"] = f"sqlite:///{embedded['KUMO_VAR_DIR']}/kumo.sqlite3"
     embedded.pop("KUMO_TEST_REDIS_URL", None)
-    embedded_status = subprocess.call([*pytest, "-m", "embedded or e2e"], cwd=ROOT, env=embedded)
+    embedded_status = subprocess.call(
+        [*pytest, "-m", "embedded or e2e", f"--junitxml={var / 'embedded.xml'}"],
+        cwd=ROOT,
+        env=embedded,
+    )
     return status or embedded_status
 
 

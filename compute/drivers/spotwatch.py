@@ -12,8 +12,9 @@ In the guest:
   hook once: the executable named by ``KUMO_SPOT_HOOK`` in ``/etc/kumo/spot.env`` (a file
   the user writes from their user-data; no hook by default), as root, with the action and
   the deadline as arguments and at most until two seconds before the deadline; then it
-  POSTs ``/spot/acknowledge`` (the notice ends at once and Kumo stops the VM) and writes
-  ``/run/kumo/spot-acknowledged`` so it acts once per boot;
+  POSTs ``/spot/acknowledge`` (the notice ends at once and Kumo stops the VM), again every
+  two seconds while the endpoint does not answer or answers 5xx, until the deadline, and
+  writes ``/run/kumo/spot-acknowledged`` so it acts once per boot;
 - ``spot-watch.py checkpoint`` (as root, from the user's job after it saved its work) POSTs
   ``/spot/checkpoint``: of equally few victims, preemption then evicts first the VMs that
   would lose the least work;
@@ -90,13 +91,33 @@ def act(base, token, action):
         except (OSError, subprocess.SubprocessError) as e:
             say(f"hook {hook} failed: {e}")
     os.sync()
-    try:
-        request(base + "/spot/acknowledge", token, method="POST")
-        say("acknowledged")
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        say(f"acknowledge failed: {e}")
+    acknowledge(base, token, deadline)
     os.makedirs(os.path.dirname(DONE), exist_ok=True)
     open(DONE, "w").close()
+
+
+def acknowledge(base, token, deadline, poll=2.0):
+    """POST /spot/acknowledge until Kumo takes it. An endpoint that does not answer, or
+    answers 5xx, is asked again every ``poll`` seconds until the deadline (when Kumo stops
+    the VM anyway); a 4xx (no notice any more) is final."""
+    end = time.monotonic() + max(0.0, seconds_left(deadline))
+    while True:
+        try:
+            request(base + "/spot/acknowledge", token, method="POST")
+            say("acknowledged")
+            return True
+        except urllib.error.HTTPError as e:
+            if e.code < 500:
+                say(f"acknowledge refused: {e}")
+                return False
+            error = e
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            error = e
+        if time.monotonic() + poll >= end:
+            say(f"acknowledge failed: {error}")
+            return False
+        say(f"acknowledge not taken ({error}); again in {poll:g} s")
+        time.sleep(poll)
 
 
 def checkpoint():
