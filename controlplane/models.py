@@ -77,6 +77,12 @@ class Operation(models.Model):
         indexes = [
             models.Index(fields=["project", "-created_at"], name="operation_project_at"),
             models.Index(fields=["state", "deadline_at"], name="operation_open_deadline"),
+            # A VM's current operation (``compute.services.lifecycle.current_operation``,
+            # at every report of its host): its own few, not every failed one of the cloud's
+            # history.
+            models.Index(
+                fields=["target_type", "target_id", "-created_at"], name="operation_target_at"
+            ),
         ]
 
     def __str__(self):

@@ -144,3 +144,35 @@ def test_operators_see_every_operation_non_staff_get_403(client_for, staff, proj
     assert response.status_code == 200
     assert [op["id"] for op in response.json()["results"]] == [str(operation.pk)]
     assert client_for(project.owner).get("/api/v1/admin/operations/").status_code == 403
+
+
+@pytest.mark.postgres
+def test_a_vms_current_operation_is_read_by_its_target_not_by_the_clouds_history(
+    project, django_assert_num_queries
+):
+    """``current_operation`` runs at every report of a VM's host: it reads the VM's own
+    operations by the target index, whatever the failed operations of every other VM."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from compute.services.lifecycle import current_operation
+    from tests.factories import make_vm
+
+    vm = make_vm(project)
+    later = timezone.now() + timedelta(hours=1)
+    Operation.objects.bulk_create(
+        Operation(
+            kind="vm.start", target_type="compute.virtualmachine", target_id=str(uuid.uuid4()),
+            state=OperationState.FAILED, error_code="deadline_exceeded", deadline_at=later,
+        )
+        for _ in range(3000)
+    )  # fmt: skip
+    opened = services.operation_create(kind="vm.stop", target=vm, project=project)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE controlplane_operation")
+    with CaptureQueriesContext(connection) as read, django_assert_num_queries(1):
+        assert current_operation(vm) == str(opened.pk)
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + read.captured_queries[0]["sql"])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "operation_target_at" in plan, plan
