@@ -33,6 +33,7 @@ import hashlib
 import re
 import weakref
 from collections.abc import Callable
+from datetime import datetime
 from functools import lru_cache
 from typing import NamedTuple
 from uuid import UUID
@@ -158,6 +159,7 @@ def claim_write(
         if failure is not None:
             claim_undo()
             raise failure
+        claimed(vm, placement, at=now)
     else:
         if admitted_if is not None:
             with connection.cursor() as cursor:
@@ -165,8 +167,7 @@ def claim_write(
                 if not cursor.fetchone()[0]:
                     raise AdmissionToWeigh()
         with transaction.atomic():
-            _claim_orm(vm, placement, req, now, _changes(vm, placement), borrow=borrow)
-    claimed(vm, placement)
+            _claim_orm(vm, placement, req, now, borrow=borrow)
 
 
 def _changes(vm, placement: Placement) -> dict:
@@ -180,10 +181,12 @@ def _changes(vm, placement: Placement) -> dict:
     }
 
 
-def claimed(vm: VirtualMachine, placement: Placement) -> None:
-    """Update ``vm`` in place as its claim of ``placement`` left its row."""
+def claimed(vm: VirtualMachine, placement: Placement, *, at: datetime) -> None:
+    """Update ``vm`` in place as its claim of ``placement``, written at ``at``, left its row
+    (so an answer may be made from it without reading it again)."""
     for name, value in _changes(vm, placement).items():
         setattr(vm, name, value)
+    vm.updated_at = at
 
 
 class Prepared(NamedTuple):
@@ -417,7 +420,7 @@ def _execute(
 
 
 def _claim_orm(
-    vm: VirtualMachine, placement: Placement, req: Request, now, changes, *, borrow: bool
+    vm: VirtualMachine, placement: Placement, req: Request, now, *, borrow: bool
 ) -> None:
     moved = Host.objects.filter(
         pk=placement.host_id,
@@ -446,9 +449,8 @@ def _claim_orm(
             raise ClaimConflict(f"a GPU of host {placement.host_name} was taken meanwhile")
     updated = VirtualMachine.objects.filter(
         pk=vm.pk, generation=vm.generation, host__isnull=True
-    ).update(**changes, updated_at=now)
+    ).update(**_changes(vm, placement), updated_at=now)
     if not updated:
         raise ClaimConflict(f"vm {vm.pk} changed while it was being placed")
-    for name, value in changes.items():
-        setattr(vm, name, value)
+    claimed(vm, placement, at=now)
     usage.vm_usage_sync(vm, at=now)

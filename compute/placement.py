@@ -384,11 +384,12 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
     lock = _compiled_lock(skip_locked=True)
     if chosen is None:
         return lock.get(queued.pk), None
+    now = timezone.now()
     claim = claim_statement(
         queued,
         chosen,
         req,
-        at=timezone.now(),
+        at=now,
         admitted_if=guarantees.nothing_to_weigh(queued),
         skip_locked_vm=True,
     )
@@ -397,7 +398,7 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
     vm = lock.built(rows)
     failure = claim_failure(answer, queued, chosen)
     if vm is not None and Queued.of(vm) == queued and failure is None:
-        claimed(vm, chosen)
+        claimed(vm, chosen, at=now)
         _log_placed(vm, chosen)
         return vm, chosen
     claim_undo()

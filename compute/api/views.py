@@ -1,7 +1,7 @@
 import time
 
 from django.conf import settings
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Prefetch, Q, prefetch_related_objects
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -61,18 +61,23 @@ def wait_for_operation(operation: Operation, timeout_s: float) -> Operation | No
         time.sleep(0.05)
 
 
+# What a VM's answer reads beside its row: its GPUs' addresses, its ports with their networks
+# and addresses.
+_VM_PREFETCH = (
+    Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm")),
+    Prefetch(
+        "ports",
+        queryset=Port.objects.select_related("network").prefetch_related(
+            Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address"))
+        ),
+    ),
+)
+
+
 def _vm_queryset(qs):
     return qs.select_related(
         "project", "template", "placement_group", "host", "lease"
-    ).prefetch_related(
-        Prefetch("devices", queryset=Device.objects.only("pk", "pci_address", "vm")),
-        Prefetch(
-            "ports",
-            queryset=Port.objects.select_related("network").prefetch_related(
-                Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address"))
-            ),
-        ),
-    )
+    ).prefetch_related(*_VM_PREFETCH)
 
 
 class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, ProjectScopedViewSet):
@@ -163,7 +168,10 @@ class VirtualMachineViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Pr
             nics=nics,
             actor=request.user,
         )
-        vm = _vm_queryset(VirtualMachine.objects.filter(pk=vm.pk)).get()
+        # The answer is made from the VM as the create left it (its row, its project,
+        # template, group, lease and host as the create read them; its GPUs as its host's
+        # work read them), not read again.
+        prefetch_related_objects([vm], *_VM_PREFETCH)
         body = s.VirtualMachineSerializer(vm, context=self.get_serializer_context()).data
         body["operation"] = OperationSerializer(operation, context={"request": request}).data["url"]
         return Response(body, status=202, headers={"Location": body["url"]})

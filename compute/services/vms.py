@@ -11,7 +11,7 @@ import operator
 from functools import reduce
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, prefetch_related_objects
 from django.utils import timezone
 
 from compute import placement
@@ -142,6 +142,9 @@ def vm_create(
             from compute.services import spot
 
             spot.preempt_for(vm)  # room held by spot VMs: notices now, placed after
+    if vm.host_id is not None:
+        # Its GPUs, read once: for its host's work (below) and for the caller's answer.
+        prefetch_related_objects([vm], "devices")
     audit.record(
         "vm.create",
         vm,

@@ -6,7 +6,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from compute.models import VirtualMachine
 from tenants import services as tenants
-from tests.factories import make_host, make_image, make_template
+from tests.factories import make_host, make_image, make_network, make_template
 from tests.tenants.test_sshkeys import _openssh_public
 
 pytestmark = pytest.mark.django_db
@@ -47,6 +47,29 @@ def test_create_answers_202_with_the_vm_and_its_operation(api, project):
     assert VirtualMachine.objects.get(pk=body["id"]).ssh_keys == [key]
     listed = api.get(url(project), {"state": "provisioning"}).json()
     assert [vm["id"] for vm in listed["results"]] == [body["id"]]
+
+
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "pending"])
+def test_the_create_answer_is_the_vm_as_a_read_of_it_gives_it(api, project, placed):
+    """The create answers from the VM as it left it, not read again: the same body as a
+    GET of the VM right after (its claim's changes, GPUs, ports and addresses included)."""
+    if placed:
+        make_host("gpu-01")
+    make_network(project, "lab")
+    template, image = make_template(gpus=2), make_image()
+    response = api.post(
+        url(project),
+        {"name": "same", "template": template.name, "image": image.pk,
+         "nics": [{"network": "lab"}]},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 202, response.content
+    created = response.json()
+    assert "/operations/" in created.pop("operation")
+    assert created == api.get(url(project, f"{created['id']}/")).json()
+    assert created["state"] == ("provisioning" if placed else "pending")
+    assert len(created["gpu_addresses"]) == (2 if placed else 0)
+    assert created["nics"][0]["network"] == "lab" and created["nics"][0]["fixed_ips"]
 
 
 @pytest.mark.parametrize(
