@@ -212,10 +212,14 @@ class _CachedView:
         wrong: the reservation is given back in memory (a view loaded since holds none).
         Otherwise the host is read again."""
         if isinstance(failure, AdmissionToWeigh) and failure.room_held:
-            if self.scheduler is scheduler:
-                scheduler.unreserve(placement, req)
+            self.give_back(scheduler, placement, req)
         else:
             self.refresh_host(placement.host_id)
+
+    def give_back(self, scheduler: Scheduler, placement: Placement, req: Request) -> None:
+        """Give back in memory what ``scheduler`` reserved for a claim not made."""
+        if self.scheduler is scheduler:
+            scheduler.unreserve(placement, req)
 
     def invalidate(self) -> None:
         self.scheduler = None
@@ -491,8 +495,11 @@ def place(vm: VirtualMachine) -> Placement:
     projects' guaranteed headroom is refused (``compute.guarantees``): the claim itself
     checks that there is nothing to weigh (no other project's guarantee, no lease of its
     GPU model), the common case; where there is, ``admission_refusal`` decides, and a
-    refused VM takes nothing, with the refusal as its reason. A spot GPU VM that finds no
-    room may borrow a lease's idle GPUs (``_place_borrowing``).
+    refused VM takes nothing, with the refusal as its reason. Once weighed, one that would
+    take the first GPU on a host while a lease of whole hosts needs every such host is
+    refused too (``compute.services.leases.whole_hosts_refusal``; the scheduler tries hosts
+    on-demand work already holds first). A spot GPU VM that finds no room may borrow a
+    lease's idle GPUs (``_place_borrowing``).
     """
     req = request_for(vm)
     if vm.lease_id is not None:
@@ -520,6 +527,12 @@ def place(vm: VirtualMachine) -> Placement:
                 raise nothing
             fresh = True  # the view may be stale: look once more on a fresh one
             continue
+        if admitted_if is None:  # weighed: so is the host it would keep from being whole
+            refusal = _whole_hosts_refusal(vm, placement.host_id)
+            if refusal:
+                with view.lock:
+                    view.give_back(scheduler, placement, req)
+                raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
         try:
             claim(vm, placement, req, admitted_if=admitted_if)
         except (ClaimConflict, AdmissionToWeigh) as e:
@@ -579,6 +592,12 @@ def no_room(req: Request) -> str:
             else:
                 return ""
     return reason
+
+
+def _whole_hosts_refusal(vm: VirtualMachine, host_id: int) -> str:
+    from compute.services.leases import whole_hosts_refusal
+
+    return whole_hosts_refusal(vm, host_id)
 
 
 def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:

@@ -279,10 +279,12 @@ class _EvictableIndex:
 index = _EvictableIndex()
 
 
-def decide(vm: VirtualMachine) -> Preemption | None:
+def decide(vm: VirtualMachine, *, pinned_only: bool = False) -> Preemption | None:
     """The preemption that would make room for ``vm`` now (no writes), over the scheduler's
     view and this process's index of evictable spot VMs, brought up to date first; for a
-    VM in a lease, over the spot VMs borrowing its lease's GPUs (``_decide_in_lease``)."""
+    VM in a lease, over the spot VMs borrowing its lease's GPUs (``_decide_in_lease``).
+    ``pinned_only``: on hosts where on-demand work or a lease holds a GPU
+    (``HostView.pinned``) only."""
     req = placement.request_for(vm)
     if vm.lease_id is not None:
         return _decide_in_lease(vm, req)
@@ -292,7 +294,25 @@ def decide(vm: VirtualMachine) -> Preemption | None:
         with placement.view.lock:
             known = placement.view.get().hosts
             candidates = index.candidates(req, protected, known)
+            if pinned_only:
+                candidates = {h: c for h, c in candidates.items() if known[h].pinned}
             return choose_victims((known[h] for h in candidates), candidates, req)
+
+
+def _decide_leaving_hosts_whole(vm: VirtualMachine) -> Preemption | None:
+    """``decide``, on a host the on-demand ``vm`` may take while leases of whole hosts need
+    theirs (``compute.services.leases.whole_hosts_refusal``): where the best host would be
+    one no on-demand work holds and that the leases need, the best of the hosts on-demand
+    work or a lease already holds; None when none makes room."""
+    from compute.services.leases import whole_hosts_refusal
+
+    decision = decide(vm)
+    if decision is None or not whole_hosts_refusal(vm, decision.host_id):
+        return decision
+    decision = decide(vm, pinned_only=True)
+    if decision is None or whole_hosts_refusal(vm, decision.host_id):
+        return None
+    return decision
 
 
 def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
@@ -345,7 +365,7 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
     if guarantees.admission_refusal(vm):  # (never for a VM in a lease: its GPUs are its own)
         return None  # it may not take the capacity it would free: it waits
     for _attempt in range(DECIDE_ATTEMPTS):
-        decision = decide(vm)
+        decision = _decide_leaving_hosts_whole(vm)
         if decision is None:
             return None
         now = timezone.now()

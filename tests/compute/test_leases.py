@@ -20,7 +20,7 @@ from controlplane.models import AuditEvent, Event
 from tenants.models import UsageRecord
 from tests.compute.test_guarantees import MODEL, _race, roomy_project
 from tests.compute.test_vms import fresh, report
-from tests.factories import make_host, make_template, make_vm
+from tests.factories import make_host, make_image, make_template, make_vm
 
 LEAD = timedelta(seconds=settings.LEASE_LEAD_S)
 
@@ -368,3 +368,121 @@ def test_a_lease_of_whole_hosts_that_finds_none_whole_holds_nothing_and_says_so(
     assert not Device.objects.filter(lease=lease).exists()
     alert = Event.objects.get(kind="lease.at_risk", project=mine)
     assert "holds 0 of its 8" in alert.message and "1 whole hosts" in alert.message
+
+
+def _pinned_and_spot(*spot_sizes):
+    """Two hosts: an on-demand 1-GPU VM pins one of them, then spot VMs of ``spot_sizes``
+    GPUs (running) fill what they can, each where the scheduler packs it."""
+    make_host("gpu-a"), make_host("gpu-b")
+    other = roomy_project()
+    pinning = fresh(make_vm(other, template=make_template(gpus=1)))
+    spots = []
+    for gpus in spot_sizes:
+        vm = make_vm(other, template=make_template(gpus=gpus), priority=Priority.SPOT)
+        report(fresh(vm), "running")
+        spots.append(fresh(vm))
+    return other, pinning.host_id, spots
+
+
+def _hand_over(victim):
+    spot.evictions_reap(now=victim.eviction_deadline)
+    report(fresh(victim), "shutoff")
+
+
+@pytest.mark.django_db
+def test_an_on_demand_vm_takes_no_host_a_lease_of_whole_hosts_needs(sent):
+    # The pinned host's other cell runs a 4-GPU spot VM; the other host is free.
+    other, pinned, (borrower,) = _pinned_and_spot(4)
+    assert borrower.host_id == pinned  # packed beside the on-demand VM
+    mine = roomy_project()
+    lease = services.lease_create(
+        project=mine, name="node", hosts=1, starts_at=hour(1), ends_at=hour(3), gpu_model=MODEL
+    )
+    # A 4-GPU on-demand VM is admitted by GPUs (1 + 4 of 16, 8 leased), and the free host
+    # has room for it; but it has no end, and the lease needs that host whole. It takes the
+    # spot VM's cell on the host on-demand work already holds instead.
+    vm = fresh(make_vm(other, template=make_template(gpus=4)))
+    assert vm.state == VmState.PENDING and vm.reserved_host_id == pinned
+    assert fresh(borrower).state == VmState.EVICTING
+    _hand_over(fresh(borrower))
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == pinned
+    # At its lead the lease finds its host whole: no alert.
+    services.leases_tick(now=hour(1) - LEAD)
+    held = Device.objects.filter(lease=lease)
+    assert held.count() == 8 and set(held.values_list("host_id", flat=True)) != {pinned}
+    assert not Event.objects.filter(kind="lease.at_risk").exists()
+
+
+@pytest.mark.django_db
+def test_an_on_demand_vm_that_only_a_needed_host_fits_waits(sent):
+    make_host("gpu-a"), make_host("gpu-b")
+    other = roomy_project()
+    # An on-demand VM with one GPU and most of its host's memory pins that host.
+    big = fresh(make_vm(other, template=make_template(gpus=1, memory_gib=400)))
+    services.lease_create(
+        project=roomy_project(), name="node", hosts=1, starts_at=hour(1), ends_at=hour(3),
+        gpu_model=MODEL,
+    )  # fmt: skip
+    # 1 + 2 + 8 leased of 16 GPUs: admitted by count, but only the free host has the
+    # memory, and the lease needs it whole: it waits, saying why, and takes nothing.
+    vm = fresh(make_vm(other, template=make_template(gpus=2)))
+    assert vm.state == VmState.PENDING and vm.host_id is None and not vm.reserved_host_id
+    assert "reserved whole by leases (1 hosts)" in vm.state_reason
+    assert not Device.objects.filter(vm__isnull=False).exclude(host_id=big.host_id).exists()
+    # One that fits beside it goes there, as it always would.
+    small = fresh(make_vm(other, template=make_template(gpus=1, memory_gib=16)))
+    assert small.state == VmState.PROVISIONING and small.host_id == big.host_id
+
+
+@pytest.mark.django_db
+def test_an_eviction_for_an_on_demand_vm_spares_the_host_a_lease_of_whole_hosts_needs(sent):
+    # Spot VMs pack: three of 2 GPUs beside the on-demand VM, two of 4 on the other host.
+    other, pinned, spots = _pinned_and_spot(2, 2, 2, 4, 4)
+    assert [vm.host_id == pinned for vm in spots] == [True, True, True, False, False]
+    services.lease_create(
+        project=roomy_project(), name="node", hosts=1, starts_at=hour(1), ends_at=hour(3),
+        gpu_model=MODEL,
+    )  # fmt: skip
+    # Room for 4 GPUs: one eviction on the other host, or two on the pinned one. Only the
+    # pinned host may take an on-demand VM while the lease needs the other whole.
+    vm = fresh(make_vm(other, template=make_template(gpus=4)))
+    assert vm.reserved_host_id == pinned
+    evicting = [s for s in spots if fresh(s).state == VmState.EVICTING]
+    assert len(evicting) == 2 and all(s.host_id == pinned and s.gpus == 2 for s in evicting)
+    for victim in evicting:
+        _hand_over(fresh(victim))
+    vm = fresh(vm)
+    assert vm.state == VmState.PROVISIONING and vm.host_id == pinned
+    assert all(fresh(s).state == VmState.RUNNING for s in spots if s.host_id != pinned)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_on_demand_vms_leave_a_lease_of_whole_hosts_its_hosts(sent):
+    for c in "abc":
+        make_host(f"gpu-{c}")
+    services.lease_create(
+        project=roomy_project(), name="node", hosts=1, starts_at=hour(1), ends_at=hour(3),
+        gpu_model=MODEL,
+    )  # fmt: skip
+    # Each needs a host to itself (its memory) and 2 GPUs: 4 fit by GPUs (8 + 8 leased of
+    # 24), 3 by memory, but only 2 may take a host while the lease needs one whole.
+    projects = [roomy_project() for _ in range(2)]
+    template, image = make_template(gpus=2, memory_gib=400), make_image()
+
+    def create(index):
+        vm, _ = services.vm_create(
+            project=projects[index % 2],
+            name=f"big-{index}",
+            template=template,
+            image=image,
+            wait_for_capacity=False,
+        )
+        return vm.state
+
+    results, errors = _race(4, create)
+    assert errors == []
+    assert results.count(VmState.PROVISIONING) == 2 and results.count("no_capacity") == 2
+    hosts = Device.objects.filter(vm__isnull=False).values_list("host_id", flat=True)
+    assert len(set(hosts)) == 2
