@@ -443,12 +443,7 @@ class LeaseViewSet(
     def partial_update(self, request, *args, **kwargs):
         """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
         notice now); 409 once it has ended."""
-        data = s.LeaseUpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        lease = self.get_object()
-        if "lend_idle" in data.validated_data:  # a PATCH naming nothing changes nothing
-            lease = services.lease_update(lease=lease, **data.validated_data)
-        return _lease_answer(self, lease)
+        return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)
     @action(detail=True, methods=["post"])
@@ -458,6 +453,16 @@ class LeaseViewSet(
         return _lease_answer(
             self, services.lease_cancel(lease=self.get_object(), actor=request.user)
         )
+
+
+def _lease_updated(view, request):
+    """A PATCH of a lease (``lend_idle``), by its project's admins or by operators."""
+    data = s.LeaseUpdateSerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    lease = view.get_object()
+    if "lend_idle" in data.validated_data:  # a PATCH naming nothing changes nothing
+        lease = services.lease_update(lease=lease, **data.validated_data)
+    return _lease_answer(view, lease)
 
 
 class ReclamationViewSet(ProjectScopedViewSet):
@@ -643,13 +648,19 @@ class OperatorCapacityGuaranteeViewSet(
 
 class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
     """Every project's leases: the fleet's calendar (``ends_after`` and ``starts_before``
-    select a window); operators cancel any."""
+    select a window); operators cancel any, and change whether it lends its idle GPUs."""
 
     queryset = Lease.objects.select_related("project", "created_by")
     serializer_class = s.LeaseSerializer
     filterset_class = LeaseFilterSet
     ordering_fields = ["starts_at", "ends_at", "created_at"]
     audit_object_type = "compute.lease"
+
+    @extend_schema(request=s.LeaseUpdateSerializer, responses=s.LeaseSerializer)
+    def partial_update(self, request, pk=None):
+        """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
+        notice now); 409 once it has ended."""
+        return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)
     @action(detail=True, methods=["post"])

@@ -132,6 +132,7 @@ urlpatterns = [
     path("p/<slug:slug>/", include(project_urls)),
     path("fleet/leases/", leases.fleet_leases, name="fleet-leases"),
     path("fleet/leases/<int:pk>/cancel/", leases.fleet_lease_cancel, name="fleet-lease-cancel"),
+    path("fleet/leases/<int:pk>/lending/", leases.fleet_lease_lending, name="fleet-lease-lending"),
     path("account/ssh-keys/", people.ssh_keys, name="ssh-keys"),
     path("account/ssh-keys/<int:pk>/delete/", people.ssh_key_delete, name="ssh-key-delete"),
     path("account/tokens/", people.tokens, name="tokens"),

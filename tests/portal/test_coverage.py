@@ -181,6 +181,7 @@ PORTAL = {
     f"GET {A}leases/": "portal:fleet-leases",
     f"GET {A}leases/{{id}}/": "portal:fleet-leases",
     f"POST {A}leases/{{id}}/cancel/": "portal:fleet-lease-cancel",
+    f"PATCH {A}leases/{{id}}/": "portal:fleet-lease-lending",
     f"GET {A}users/": "portal:users",
     f"GET {A}users/{{username}}/": "portal:users",
     f"POST {A}users/{{username}}/deactivate/": "portal:user-deactivate",

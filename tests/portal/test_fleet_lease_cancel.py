@@ -1,5 +1,6 @@
 """An operator cancels any project's lease from the fleet's calendar
-(``compute.services.lease_cancel``, audited); anyone else gets the 404 page."""
+(``compute.services.lease_cancel``, audited), or changes whether it lends its idle GPUs;
+anyone else gets the 404 page."""
 
 import pytest
 from django.urls import reverse
@@ -26,3 +27,25 @@ def test_an_operator_cancels_a_projects_lease_from_the_calendar(login, project, 
     assert Lease.objects.get(pk=lease.pk).state == LeaseState.CANCELLED
     assert AuditEvent.objects.filter(action="lease.cancel").exists()
     assert 'data-lease="soon"' not in operator.get(reverse("portal:fleet-leases")).content.decode()
+
+
+def test_an_operator_changes_a_projects_lease_lending_from_the_calendar(
+    login, project, cloud, staff
+):
+    lease = reserve(project, 1, at(2), at(3), "soon")
+    lending = reverse("portal:fleet-lease-lending", kwargs={"pk": lease.pk})
+    operator = login(staff)
+    assert lending in operator.get(reverse("portal:fleet-leases")).content.decode()
+
+    assert login(project.owner).post(lending, {"lend_idle": "0"}).status_code == 404
+    assert Lease.objects.get(pk=lease.pk).lend_idle
+
+    response = operator.post(lending, {"lend_idle": "0"}, follow=True)
+    assert (
+        f"Lease {project.slug}/soon keeps its idle GPUs for its VMs." in response.content.decode()
+    )
+    assert not Lease.objects.get(pk=lease.pk).lend_idle
+    audit = AuditEvent.objects.get(action="lease.update")
+    assert audit.detail["lend_idle"] is False and audit.actor_id == staff.pk
+    bad = operator.post(lending, {"lend_idle": "maybe"}, follow=True)
+    assert "lend_idle" in bad.content.decode() and not Lease.objects.get(pk=lease.pk).lend_idle

@@ -6,7 +6,7 @@ import re
 
 from tenants import applications
 from tenants.models import InstitutionReviewer, Membership, Project
-from tests.factories import UserFactory
+from tests.factories import UserFactory, make_host
 from tests.sdk.conftest import PASSWORD, can_log_in
 
 
@@ -110,3 +110,30 @@ def test_operators_designate_reviewers_who_then_review(server, kumo_cli, owner):
     assert not InstitutionReviewer.objects.exists()
     gone = kumo_cli("admin", "reviewer", "remove", reviewer.username, issuer, ok=False)
     assert gone.exit_code == 1
+
+
+def test_an_operator_changes_a_projects_lease_lending_from_the_cli(server, kumo_cli, project):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from compute import services as compute
+    from compute.models import Lease
+
+    make_host()  # 8 GPUs
+    start = timezone.now().replace(microsecond=0) + timedelta(hours=2)
+    lease = compute.lease_create(
+        project=project, name="run", gpus=2, starts_at=start, ends_at=start + timedelta(hours=1),
+        gpu_model="A100-SXM4-40GB",
+    )  # fmt: skip
+    operator = can_log_in(UserFactory(is_staff=True, is_superuser=True))
+    kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
+    kept = kumo_cli("admin", "lease-update", str(lease.pk), "--no-lend-idle")
+    assert f"Lease {project.slug}/run keeps its idle GPUs." in kept.stderr
+    assert not Lease.objects.get(pk=lease.pk).lend_idle
+    lent = json.loads(
+        kumo_cli("admin", "lease-update", str(lease.pk), "--lend-idle", "--json").stdout
+    )
+    assert lent["lend_idle"] is True and Lease.objects.get(pk=lease.pk).lend_idle
+    unsaid = kumo_cli("admin", "lease-update", str(lease.pk), ok=False)
+    assert unsaid.exit_code != 0 and "--lend-idle or --no-lend-idle" in unsaid.stderr

@@ -239,6 +239,11 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     assert "gpus" in bad.value.details
     [calendar] = staff.admin.leases.list(project=project.slug)
     assert calendar.id == lease.id
+    # Operators change any project's lending; members cannot through the operators' path.
+    assert not staff.admin.leases.update(lease.id, lend_idle=False).lend_idle
+    assert staff.admin.leases.update(lease.id, lend_idle=True).lend_idle
+    with pytest.raises(PermissionDenied):
+        kumo.admin.leases.update(lease.id, lend_idle=False)
 
     logged_in("project", "use", project.slug)
     listed = logged_in("lease", "list").stdout

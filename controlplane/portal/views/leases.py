@@ -159,6 +159,11 @@ def lease_lending(request, project, pk):
     """Lend the lease's idle GPUs to spot VMs (``lend_idle=1``), or keep them idle for its
     VMs (``0``: the spot VMs borrowing them get their eviction notice now)."""
     lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
+    back = reverse("portal:leases", kwargs={"slug": project.slug})
+    return _lending(request, lease, lease.name, back)
+
+
+def _lending(request, lease, name: str, back: str):
     lend = {"1": True, "0": False}.get(request.POST.get("lend_idle", ""))
 
     def change(lease, lend_idle):  # a bad value is refused, and audited, as ``act`` does
@@ -171,14 +176,7 @@ def lease_lending(request, project, pk):
         if lend
         else _("Lease %(name)s keeps its idle GPUs for its VMs.")
     )
-    return act(
-        request,
-        change,
-        done=done % {"name": lease.name},
-        back=reverse("portal:leases", kwargs={"slug": project.slug}),
-        lease=lease,
-        lend_idle=lend,
-    )
+    return act(request, change, done=done % {"name": name}, back=back, lease=lease, lend_idle=lend)
 
 
 @staff_page
@@ -220,3 +218,13 @@ def fleet_lease_cancel(request, pk):
         lease=lease,
         actor=request.user,
     )
+
+
+@require_POST
+@staff_page
+def fleet_lease_lending(request, pk):
+    """An operator changes whether any project's lease lends its idle GPUs (as the API's
+    operator endpoint does)."""
+    lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
+    name = f"{lease.project.slug}/{lease.name}"
+    return _lending(request, lease, name, reverse("portal:fleet-leases"))

@@ -160,6 +160,34 @@ def lease_calendar(
     )
 
 
+@command(app, "lease-update")
+def lease_update(
+    ctx: typer.Context,
+    lease_id: Annotated[int, typer.Argument(help="The lease's ID (`kumo admin leases`).")],
+    lend_idle: Annotated[
+        bool | None,
+        typer.Option(
+            "--lend-idle/--no-lend-idle",
+            help="Lend its idle GPUs to spot VMs, or keep them idle for its VMs (the spot "
+            "VMs borrowing them get their eviction notice now).",
+        ),
+    ] = None,
+    json: Json = False,
+) -> None:
+    """Change any project's lease: whether it lends its idle GPUs to spot VMs."""
+    if lend_idle is None:
+        raise typer.BadParameter("say --lend-idle or --no-lend-idle", param_hint="lend_idle")
+    with connect(ctx) as kumo:
+        done = kumo.admin.leases.update(lease_id, lend_idle=lend_idle)
+    if json:
+        return output.emit_json(done.raw)
+    output.note(
+        f"Lease {done.project}/{done.name} "
+        + ("lends its idle GPUs to spot VMs." if done.lend_idle else "keeps its idle GPUs.")
+    )
+    return None
+
+
 ISSUER_HELP = (
     "The institution's IdP entity ID or OIDC issuer, e.g. "
     "https://idp.example.ac.jp/idp/shibboleth (not its name)."

@@ -122,9 +122,10 @@ class AdminVms(_Admin):
 
 class AdminLeases(_Admin):
     """Every project's leases (the fleet's calendar: ``ends_after``, ``starts_before``);
-    ``cancel`` any."""
+    ``cancel`` any, or ``update(id, lend_idle=False)`` whether it lends its idle GPUs."""
 
     path, type, find_by = "admin/leases/", Lease, None
+    verbs = READ | {UPDATE}
 
     def cancel(self, key: Any) -> Lease:
         return self._decode(self._action(key, "cancel"))
