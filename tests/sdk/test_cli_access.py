@@ -129,7 +129,7 @@ def test_an_operator_changes_a_projects_lease_lending_from_the_cli(server, kumo_
     operator = can_log_in(UserFactory(is_staff=True, is_superuser=True))
     kumo_cli("login", server.url, "--username", operator.username, "--password", PASSWORD)
     kept = kumo_cli("admin", "lease-update", str(lease.pk), "--no-lend-idle")
-    assert f"Lease {project.slug}/run keeps its idle GPUs." in kept.stderr
+    assert f"Lease {project.slug}/run keeps its idle GPUs for its VMs." in kept.stderr
     assert not Lease.objects.get(pk=lease.pk).lend_idle
     lent = json.loads(
         kumo_cli("admin", "lease-update", str(lease.pk), "--lend-idle", "--json").stdout

@@ -7,6 +7,7 @@ import typer
 
 from kumo_sdk.cli import output
 from kumo_sdk.cli.common import Json, command, connect, group, show
+from kumo_sdk.cli.lease import LendIdle, lending_changed, lending_said
 
 app = group("Operators only: hosts, devices, rate cards, capacity guarantees, reviewers.")
 host_app = group("The fleet's hosts.")
@@ -164,28 +165,14 @@ def lease_calendar(
 def lease_update(
     ctx: typer.Context,
     lease_id: Annotated[int, typer.Argument(help="The lease's ID (`kumo admin leases`).")],
-    lend_idle: Annotated[
-        bool | None,
-        typer.Option(
-            "--lend-idle/--no-lend-idle",
-            help="Lend its idle GPUs to spot VMs, or keep them idle for its VMs (the spot "
-            "VMs borrowing them get their eviction notice now).",
-        ),
-    ] = None,
+    lend_idle: LendIdle = None,
     json: Json = False,
 ) -> None:
     """Change any project's lease: whether it lends its idle GPUs to spot VMs."""
-    if lend_idle is None:
-        raise typer.BadParameter("say --lend-idle or --no-lend-idle", param_hint="lend_idle")
+    lend_idle = lending_said(lend_idle)
     with connect(ctx) as kumo:
         done = kumo.admin.leases.update(lease_id, lend_idle=lend_idle)
-    if json:
-        return output.emit_json(done.raw)
-    output.note(
-        f"Lease {done.project}/{done.name} "
-        + ("lends its idle GPUs to spot VMs." if done.lend_idle else "keeps its idle GPUs.")
-    )
-    return None
+    return lending_changed(done, f"{done.project}/{done.name}", json)
 
 
 ISSUER_HELP = (

@@ -100,35 +100,45 @@ def lease_create(
     return None
 
 
-@command(app, "update")
-def lease_update(
-    ctx: typer.Context,
-    name: str,
-    lend_idle: Annotated[
-        bool | None,
-        typer.Option(
-            "--lend-idle/--no-lend-idle",
-            help="Lend its idle GPUs to spot VMs, or keep them idle for its VMs (the spot "
-            "VMs borrowing them get their eviction notice now).",
-        ),
-    ] = None,
-    json: Json = False,
-) -> None:
-    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs."""
+# ``kumo lease update`` and ``kumo admin lease-update``: whether a lease lends its idle GPUs.
+LendIdle = Annotated[
+    bool | None,
+    typer.Option(
+        "--lend-idle/--no-lend-idle",
+        help="Lend its idle GPUs to spot VMs, or keep them idle for its VMs (the spot "
+        "VMs borrowing them get their eviction notice now).",
+    ),
+]
+
+
+def lending_said(lend_idle: bool | None) -> bool:
+    """``lend_idle`` as the command was told it; a usage error when it was not."""
     if lend_idle is None:
         raise typer.BadParameter("say --lend-idle or --no-lend-idle", param_hint="lend_idle")
+    return lend_idle
+
+
+def lending_changed(done, name: str, json: bool) -> None:
+    """Say what lease ``done`` (named ``name``) now does with its idle GPUs."""
+    if json:
+        return output.emit_json(done.raw)
+    output.note(
+        f"Lease {name} lends its idle GPUs to spot VMs."
+        if done.lend_idle
+        else f"Lease {name} keeps its idle GPUs for its VMs."
+    )
+    return None
+
+
+@command(app, "update")
+def lease_update(ctx: typer.Context, name: str, lend_idle: LendIdle = None, json: Json = False):
+    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs."""
+    lend_idle = lending_said(lend_idle)
     with connect(ctx) as kumo:
         project = current_project(kumo)
         found = kumo.leases.find(name, project=project)
         done = kumo.leases.update(found.id, lend_idle=lend_idle, project=project)
-    if json:
-        return output.emit_json(done.raw)
-    output.note(
-        f"Lease {done.name} lends its idle GPUs to spot VMs."
-        if done.lend_idle
-        else f"Lease {done.name} keeps its idle GPUs for its VMs."
-    )
-    return None
+    return lending_changed(done, done.name, json)
 
 
 @command(app, "cancel")
