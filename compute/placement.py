@@ -497,7 +497,7 @@ def place(vm: VirtualMachine) -> Placement:
     GPU model), the common case; where there is, ``admission_refusal`` decides, and a
     refused VM takes nothing, with the refusal as its reason. Once weighed, one that would
     take the first GPU on a host while a lease of whole hosts needs every such host is
-    refused too (``compute.services.leases.whole_hosts_refusal``; the scheduler tries hosts
+    refused too (``compute.guarantees.whole_hosts_refusal``; the scheduler tries hosts
     on-demand work already holds first). A spot GPU VM that finds no room may borrow a
     lease's idle GPUs (``_place_borrowing``).
     """
@@ -528,7 +528,7 @@ def place(vm: VirtualMachine) -> Placement:
             fresh = True  # the view may be stale: look once more on a fresh one
             continue
         if admitted_if is None:  # weighed: so is the host it would keep from being whole
-            refusal = _whole_hosts_refusal(vm, placement.host_id)
+            refusal = guarantees.whole_hosts_refusal(vm, placement.host_id)
             if refusal:
                 with view.lock:
                     view.give_back(scheduler, placement, req)
@@ -592,12 +592,6 @@ def no_room(req: Request) -> str:
             else:
                 return ""
     return reason
-
-
-def _whole_hosts_refusal(vm: VirtualMachine, host_id: int) -> str:
-    from compute.services.leases import whole_hosts_refusal
-
-    return whole_hosts_refusal(vm, host_id)
 
 
 def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:

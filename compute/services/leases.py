@@ -51,20 +51,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from compute import guarantees, placement
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState, VmTask
 from compute.leases import HOLDING
-from compute.models import (
-    CapacityGuarantee,
-    Device,
-    Host,
-    Lease,
-    LeaseAllocation,
-    VirtualMachine,
-)
+from compute.models import Device, Host, Lease, LeaseAllocation, VirtualMachine
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput, PermissionDenied
 from tenants import usage
@@ -106,121 +99,10 @@ def earliest_fit(model: str, start: datetime, end: datetime, fits) -> datetime |
 # the one asked for), admission also counts hosts: the hosts on-demand work holds now or may
 # take, and at each instant the hosts every lease takes (a lease of GPUs as many as its
 # GPUs fill: it takes whole hosts first, ``_choose_devices``). An on-demand VM placed later
-# is held to the same count when it would take a host no one held (``whole_hosts_refusal``,
-# asked by ``compute.placement.place`` and ``compute.services.spot.preempt_for``).
-
-
-def gpus_per_host(model: str) -> int | None:
-    """GPUs of ``model`` on each host that has them (hosts not down), when every such host
-    has as many; None when they differ or no host has any."""
-    counts = set(
-        Device.objects.filter(kind=DeviceKind.GPU, model=model, present=True)
-        .exclude(host__state=HostState.DOWN)
-        .values("host_id")
-        .annotate(n=Count("pk"))
-        .values_list("n", flat=True)
-        .order_by()
-    )
-    return counts.pop() if len(counts) == 1 else None
-
-
-def _hosts_taken(
-    model: str, per_host: int, start: datetime, end: datetime | None
-) -> tuple[int, bool]:
-    """The most hosts of ``model`` that leases take at one instant of ``[start, end)``
-    (``end`` None: from ``start`` on), and whether a lease of whole hosts is among them."""
-    rows = Lease.objects.filter(gpu_model=model, state__in=HOLDING, ends_at__gt=start)
-    if end is not None:
-        rows = rows.filter(starts_at__lt=end)
-    rows = rows.values_list("starts_at", "ends_at", "gpus", "hosts")
-    intervals, whole = [], False
-    for s, e, gpus, hosts in rows.order_by():
-        intervals.append((s, e, hosts or -(-gpus // per_host)))
-        whole |= hosts is not None
-    return guarantees.peak(intervals, start, end), whole
-
-
-def _hosts_pinned(model: str, per_host: int, *, adding: tuple[int, int] | None = None) -> int:
-    """Hosts of ``model`` that on-demand work holds now (an on-demand VM outside a lease on
-    one of its GPUs, or waiting for the evictions that hand a host over to it) or may take:
-    as many more as the guaranteed GPUs not in use fill. ``adding``: counted as if an
-    on-demand VM of project ``adding[0]`` took ``adding[1]`` GPUs on one more host."""
-    held = Device.objects.filter(
-        kind=DeviceKind.GPU,
-        model=model,
-        present=True,
-        lease__isnull=True,
-        vm__priority=Priority.ON_DEMAND,
-    ).exclude(host__state=HostState.DOWN)
-    handed_over = VirtualMachine.objects.filter(
-        priority=Priority.ON_DEMAND,
-        gpu_model=model,
-        gpus__gt=0,
-        lease__isnull=True,
-        state=VmState.PENDING,
-        reserved_host__isnull=False,
-    )
-    hosts = set(held.values_list("host_id", flat=True).order_by())
-    hosts |= set(handed_over.values_list("reserved_host_id", flat=True).order_by())
-    minimums = CapacityGuarantee.objects.filter(gpu_model=model, min_gpus__gt=0)
-    used = guarantees._on_demand_use("gpus", Q(gpu_model=model, gpus__gt=0))
-    pinned = len(hosts)
-    if adding is not None:
-        project_id, gpus = adding
-        used[project_id] = used.get(project_id, 0) + gpus
-        pinned += 1
-    unused = sum(
-        max(minimum - used.get(pid, 0), 0)
-        for pid, minimum in minimums.values_list("project_id", "min_gpus")
-    )
-    return pinned + -(-unused // per_host)
-
-
-def _gpu_hosts(model: str) -> int:
-    """Hosts (not down) with GPUs of ``model``."""
-    return (
-        Host.objects.exclude(state=HostState.DOWN)
-        .filter(devices__kind=DeviceKind.GPU, devices__model=model, devices__present=True)
-        .distinct()
-        .count()
-    )
-
-
-def whole_hosts_refusal(vm: VirtualMachine, host_id: int) -> str:
-    """Why the on-demand ``vm`` (outside a lease) may not take GPUs on host ``host_id``,
-    while a lease of whole hosts of its model holds or will; "" when it may. An on-demand VM
-    has no end: on a host that no on-demand VM or lease holds a GPU of, it keeps that host
-    from being whole for as long as it runs, so it may take one only while the leases still
-    find theirs whole at every instant to come (the hosts they take at their peak, beside
-    the hosts on-demand work and unused guarantees hold, this one counted). A host where
-    on-demand work or a lease already holds a GPU costs nothing more. Asked in the
-    transaction that claims, under the lock of on-demand admission of the model
-    (``compute.guarantees.admission_refusal`` takes it while any lease of the model holds):
-    two claims never both count on the last host."""
-    if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None or not vm.gpus:
-        return ""
-    model, now = vm.gpu_model, timezone.now()
-    whole_leases = Lease.objects.filter(
-        gpu_model=model, state__in=HOLDING, hosts__isnull=False, ends_at__gt=now
-    )
-    if not model or not whole_leases.exists():
-        return ""
-    held = Device.objects.filter(host_id=host_id, kind=DeviceKind.GPU).filter(
-        Q(lease__isnull=False) | Q(vm__priority=Priority.ON_DEMAND, vm__lease__isnull=True)
-    )
-    if held.exists():
-        return ""
-    per_host = gpus_per_host(model)
-    if per_host is None:
-        return ""
-    taken, _ = _hosts_taken(model, per_host, now, None)
-    pinned = _hosts_pinned(model, per_host, adding=(vm.project_id, vm.gpus))
-    if pinned + taken <= _gpu_hosts(model):
-        return ""
-    return (
-        f"the {model} hosts no on-demand VM holds are reserved whole by leases "
-        f"({taken} hosts); waiting for capacity"
-    )
+# is held to the same count when it would take a host no one held
+# (``compute.guarantees.whole_hosts_refusal``, asked by ``compute.placement.place`` and
+# ``compute.services.spot.preempt_for``); the counting lives there, beside the rest of what
+# is promised over time.
 
 
 @dataclass(frozen=True)
@@ -233,17 +115,19 @@ class _Hosts:
 
     @classmethod
     def read(cls, model: str) -> _Hosts | None:
-        per_host = gpus_per_host(model)
+        per_host = guarantees.gpus_per_host(model)
         if per_host is None:
             return None
         return cls(
-            per_host=per_host, total=_gpu_hosts(model), pinned=_hosts_pinned(model, per_host)
+            per_host=per_host,
+            total=guarantees.gpu_hosts(model),
+            pinned=guarantees.hosts_pinned(model, per_host),
         )
 
     def free(self, model: str, start: datetime, end: datetime, *, whole: bool) -> int | None:
         """Hosts no one takes at any instant of ``[start, end)``; None when no lease of
         whole hosts is in question (``whole``: the one asked for is)."""
-        taken, overlapping = _hosts_taken(model, self.per_host, start, end)
+        taken, overlapping = guarantees.hosts_taken(model, self.per_host, start, end)
         if not (whole or overlapping):
             return None
         return self.total - self.pinned - taken

@@ -301,10 +301,10 @@ def decide(vm: VirtualMachine, *, pinned_only: bool = False) -> Preemption | Non
 
 def _decide_leaving_hosts_whole(vm: VirtualMachine) -> Preemption | None:
     """``decide``, on a host the on-demand ``vm`` may take while leases of whole hosts need
-    theirs (``compute.services.leases.whole_hosts_refusal``): where the best host would be
+    theirs (``compute.guarantees.whole_hosts_refusal``): where the best host would be
     one no on-demand work holds and that the leases need, the best of the hosts on-demand
     work or a lease already holds; None when none makes room."""
-    from compute.services.leases import whole_hosts_refusal
+    from compute.guarantees import whole_hosts_refusal
 
     decision = decide(vm)
     if decision is None or not whole_hosts_refusal(vm, decision.host_id):
