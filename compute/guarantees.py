@@ -176,7 +176,9 @@ def guarantee_set(
 # --- admission -----------------------------------------------------------------------------------
 
 
-def _headroom(guarantees, used: dict[int, int], project_id: int) -> int:
+def _headroom(guarantees, used: dict[int, int], project_id: int | None) -> int:
+    """The guaranteed GPUs (or vCPUs) of every project but ``project_id`` (None: of every
+    project) that its on-demand VMs do not use."""
     return sum(
         max(0, minimum - used.get(pid, 0)) for pid, minimum in guarantees if pid != project_id
     )
@@ -452,10 +454,7 @@ def hosts_pinned(model: str, per_host: int, *, adding: tuple[int, int] | None = 
         project_id, gpus = adding
         used[project_id] = used.get(project_id, 0) + gpus
         pinned += 1
-    unused = sum(
-        max(minimum - used.get(pid, 0), 0)
-        for pid, minimum in minimums.values_list("project_id", "min_gpus")
-    )
+    unused = _headroom(minimums.values_list("project_id", "min_gpus"), used, None)
     return pinned + -(-unused // per_host)
 
 
