@@ -1,7 +1,7 @@
 """Spot preemption decisions: which spot VMs to evict so an on-demand request fits.
 
-No database here (``compute.services.spot`` loads the inputs and acts on the answer), as
-``compute.scheduler`` decides placement in memory.
+No database and no clock here (``compute.services.spot`` loads the inputs, says what time it
+is, and acts on the answer), as ``compute.scheduler`` decides placement in memory.
 
 The rule, for one request:
 
@@ -11,41 +11,41 @@ The rule, for one request:
 * Victims all come from one host, which then fits the request as placement requires it:
   1-4 GPUs from one NUMA cell, more take the whole node, the vCPUs and memory free, the GPU
   model and the placement group's policy honoured.
-* Of every such set the best has the fewest VMs, then, for a request that takes part of
-  a node, is on a host already pinned (``HostView.pinned``: a GPU held by an on-demand VM
-  or a lease, which no eviction frees), so on-demand work gathers on fewer hosts and a
-  whole-node on-demand request still finds a host that evictions can empty, then frees the
-  fewest GPUs (GPUs freed beyond the request's often fit no waiting request, and sit idle),
-  then loses the least work: the largest sum of ``started``, each victim's moment since
-  which its work is unsaved (its last start or its guest's last reported checkpoint;
-  ``NOTHING_TO_LOSE`` for a stopped VM). The count is exact: within one cell, the fewest
-  VMs that free ``need`` GPUs are the largest first, and every set of that size is then
-  compared by GPUs freed and ``started``. vCPUs and memory short after the GPUs are freed
-  are covered by the largest CPU-only candidates of the host, greedily.
+* Of every such set the best, for a request that takes part of a node, is on a host already
+  pinned (``HostView.pinned``: a GPU held by an on-demand VM or a lease, which no eviction
+  frees), so on-demand work gathers on fewer hosts and a whole-node on-demand request still
+  finds a host that evictions can empty; then it **wastes the fewest GPU-seconds**: each
+  victim's GPUs times the work it would lose (``now`` less its ``started``, the moment
+  since which its work is unsaved: its last start or its guest's last reported checkpoint)
+  plus ``cost_s``, what every evicted GPU costs beyond that (the rest of its notice, its
+  stop, its boot when started again: ``KUMO_SPOT_EVICTION_COST_S``). A stopped VM wastes
+  nothing (``NOTHING_TO_LOSE``). Then it has the fewest VMs, then frees the fewest GPUs.
+  So two VMs that have just saved their work go before one that would lose twenty
+  minutes; a larger ``cost_s`` weighs the GPUs freed beyond the request more against the
+  work saved. vCPUs and memory short after the GPUs are freed are covered
+  by the largest CPU-only candidates of the host, greedily (they hold no GPU: they add to
+  the count, not to the waste).
 
 Speed: a host's candidates are few (at most one per GPU plus its CPU-only VMs), so a host
-costs a sort and a handful of combinations, and few hosts are searched at all. Every host
-gets a first key no set on it can beat, as cheap as can be (no victim if its free GPUs
-could do, else one, freeing at least what the request lacks there, with the latest
-``started`` of its candidates); hosts are taken in that order until the next one's is worse
-than the best set found, and each is searched only if its tighter key (its lower bound on
-the count, the fewest GPUs freed, the latest ``started`` that many of its candidates could
-have) could still beat the best. When one victim does, as on a full fleet, the search stops
-after the host of the candidate that suffices, frees least and loses least.
+costs a handful of combinations, and few hosts are searched at all. Every host gets a
+first key no set on it can beat, in one pass over its candidates: nothing wasted if its
+free GPUs could do, the exact waste of emptying it for a whole node, else the GPUs its
+fullest cell lacks times the least any of its candidates wastes per GPU. Hosts are taken
+in that order until the next one's is worse than the best set found. On a full fleet the
+first host's key is its best set's, and the search stops after it.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from compute.scheduler import GROUP_FILTERS, HostView, Request
 
 # The ``started`` of a candidate with no work to lose (a stopped VM): later than any real
-# moment (the year 33658), yet finite, so that sets holding one still compare by the rest.
+# moment (the year 33658), yet finite.
 NOTHING_TO_LOSE = 1e12
 
 
@@ -74,51 +74,42 @@ class Preemption:
     gpus_freed: int = 0
 
 
-@dataclass
-class _Best:
-    key: tuple = field(default=(math.inf,))
-    host: HostView | None = None
-    victims: tuple[Candidate, ...] = ()
+@dataclass(frozen=True)
+class _Cost:
+    """What evicting a candidate wastes per GPU, at ``now`` (seconds since 1970)."""
 
-    @property
-    def count(self) -> float:
-        return self.key[0]
+    now: float
+    cost_s: float
+
+    def per_gpu(self, cand: Candidate) -> float:
+        if cand.started >= NOTHING_TO_LOSE:
+            return 0.0  # stopped: no work lost, and no guest to stop and boot again
+        return max(0.0, self.now - cand.started) + self.cost_s
+
+    def key(self, victims: Sequence[Candidate], spoils: int) -> tuple:
+        return (
+            spoils,
+            sum(v.gpus * self.per_gpu(v) for v in victims),
+            len(victims),
+            sum(v.gpus for v in victims),
+        )
 
 
-def _key(victims: Sequence[Candidate], spoils: int) -> tuple:
-    return (len(victims), spoils, sum(v.gpus for v in victims), -sum(v.started for v in victims))
-
-
-def _fewest_freed(host: HostView, req: Request) -> int:
-    """The fewest GPUs any victim set on ``host`` frees for ``req`` (a lower bound): a whole
-    node frees every GPU held, part of one at least what its fullest cell lacks."""
-    if not req.gpus:
-        return 0
-    free = [len(ids) for ids in host.cells.values()] or [0]
-    if req.gpus > max(host.cell_sizes.values(), default=0):
-        return sum(host.cell_sizes.values()) - sum(free)
-    return max(0, req.gpus - max(free))
+NONE_FOUND = (math.inf,)
 
 
 def _spoils(host: HostView, req: Request) -> int:
     """1 when evicting on ``host`` for ``req`` would spoil a host that a whole-node request
     could still have by eviction (not ``HostView.pinned``, placement's own notion), else 0.
-    Of equally few victims, a pinned host is taken first: on-demand work gathers on fewer
-    hosts, and a whole-node on-demand request still finds a host that evictions can empty."""
-    if not req.gpus or req.gpus > max(host.cell_sizes.values(), default=0):
+    A pinned host is taken first: on-demand work gathers on fewer hosts, and a whole-node
+    on-demand request still finds a host that evictions can empty."""
+    if not req.gpus or _whole_node(host, req):
         return 0
     return int(not host.pinned)
 
 
-def _fewest_covering(cands: Sequence[Candidate], need: int) -> int | None:
-    """How many of ``cands`` at least cover ``need`` GPUs (largest first is optimal)."""
-    total, count = 0, 0
-    for cand in sorted(cands, key=lambda c: -c.gpus):
-        if total >= need:
-            break
-        total += cand.gpus
-        count += 1
-    return count if total >= need else None
+def _whole_node(host: HostView, req: Request) -> bool:
+    return req.gpus > max(host.cell_sizes.values(), default=0)
 
 
 def _add_cpu(
@@ -141,9 +132,14 @@ def _add_cpu(
 
 
 def _on_host(
-    host: HostView, cands: Sequence[Candidate], req: Request, best: _Best, spoils: int = 0
+    host: HostView,
+    cands: Sequence[Candidate],
+    req: Request,
+    cost: _Cost,
+    best_key: tuple,
+    spoils: int = 0,
 ) -> tuple[Candidate, ...] | None:
-    """The best victim set on ``host`` no larger than ``best``'s, or ``None``."""
+    """The best victim set on ``host`` whose key is below ``best_key``, or ``None``."""
     if req.gpus and req.gpu_model and host.gpu_model != req.gpu_model:
         return None
     if not all(check(host, req) for check in GROUP_FILTERS):
@@ -155,15 +151,14 @@ def _on_host(
         return _add_cpu(host, req, (), cpu_only)
     with_gpus = [c for c in cands if c.gpus]
     free = {cell: len(ids) for cell, ids in host.cells.items()}
-    if req.gpus > max(host.cell_sizes.values(), default=0):
+    if _whole_node(host, req):
         # A whole node: every GPU of the host must be free, so every holder goes.
         if sum(free.values()) + sum(c.gpus for c in with_gpus) < host.gpus_total:
             return None  # a GPU is held by a VM that is not a candidate
-        if len(with_gpus) > best.count:
-            return None
-        return _add_cpu(host, req, tuple(with_gpus), cpu_only)
+        victims = _add_cpu(host, req, tuple(with_gpus), cpu_only)
+        return victims if victims is not None and cost.key(victims, spoils) < best_key else None
     found: tuple[Candidate, ...] | None = None
-    found_key: tuple = best.key
+    found_key = best_key
     for cell, size in host.cell_sizes.items():
         if size < req.gpus:
             continue
@@ -171,122 +166,85 @@ def _on_host(
         if need <= 0:
             options: Iterable[tuple[Candidate, ...]] = [()]
         else:
-            # A whole-node VM frees its GPUs in this cell too.
-            in_cell = [
-                replace_gpus(c, size) if c.cell is None else c
-                for c in with_gpus
-                if c.cell == cell or c.cell is None
-            ]
-            k = _fewest_covering(in_cell, need)
-            if k is None or k > found_key[0]:
+            # A whole-node VM frees its GPUs in this cell too: it counts as the cell's size
+            # towards the need, and as all its GPUs in the waste. Every covering set is
+            # weighed (a cell holds a few VMs), so a larger one that also frees the vCPUs
+            # short is found too.
+            in_cell = [c for c in with_gpus if c.cell == cell or c.cell is None]
+            counted = {c.vm_id: (size if c.cell is None else c.gpus) for c in in_cell}
+            if sum(counted.values()) < need:
                 continue
             options = (
                 combo
+                for k in range(1, len(in_cell) + 1)
                 for combo in itertools.combinations(in_cell, k)
-                if sum(c.gpus for c in combo) >= need
+                if sum(counted[c.vm_id] for c in combo) >= need
             )
         for combo in options:
-            original = tuple(_original(c, with_gpus) for c in combo)
-            victims = _add_cpu(host, req, original, cpu_only)
-            if victims is not None and _key(victims, spoils) < found_key:
-                found, found_key = victims, _key(victims, spoils)
+            victims = _add_cpu(host, req, combo, cpu_only)
+            if victims is not None and cost.key(victims, spoils) < found_key:
+                found, found_key = victims, cost.key(victims, spoils)
     return found
 
 
-def replace_gpus(cand: Candidate, gpus: int) -> Candidate:
-    """``cand`` as seen from one cell: a whole-node VM frees that cell's GPUs."""
-    return Candidate(
-        cand.vm_id, cand.host_id, gpus, cand.vcpus, cand.memory_mib, cand.started, cand.cell
-    )
-
-
-def _original(cand: Candidate, with_gpus: Sequence[Candidate]) -> Candidate:
-    if cand.cell is not None:
-        return cand
-    return next(c for c in with_gpus if c.vm_id == cand.vm_id)
-
-
-def lower_bound(host: HostView, cands: Sequence[Candidate], req: Request) -> float:
-    """The fewest victims any set on ``host`` could have (``inf`` when none could do).
-    Called for every host with candidates: one pass, no intermediate lists."""
-    if not req.gpus:
-        fits = host.vcpus_free >= req.vcpus and host.memory_mib_free >= req.memory_mib
-        return 0 if fits else 1 if cands else math.inf
-    count = held = biggest = 0
-    for cand in cands:
-        gpus = cand.gpus
-        if gpus:
-            count += 1
-            held += gpus
-            if gpus > biggest:
-                biggest = gpus
-    sizes = host.cell_sizes.values()
-    if req.gpus > (max(sizes) if sizes else 0):
-        if sum(map(len, host.cells.values())) + held < sum(sizes):
-            return math.inf  # a GPU is held by a VM that is not a candidate
-        return count
-    free = max(map(len, host.cells.values())) if host.cells else 0
-    if free >= req.gpus:
-        return 0
-    return math.ceil((req.gpus - free) / biggest) if biggest else math.inf
-
-
-def _first_key(host: HostView, cands: Sequence[Candidate], req: Request, spoils: int) -> tuple:
-    """The cheapest key no set on ``host`` can beat, for ordering every host: none needed
-    if its free GPUs (or, for a CPU request, its room) could do, else one at least, with
-    the latest ``started`` of its candidates. No higher than ``optimistic_key``."""
+def _first_key(
+    host: HostView, cands: Sequence[Candidate], req: Request, cost: _Cost, spoils: int
+) -> tuple | None:
+    """The cheapest key no set on ``host`` can beat, for ordering every host, in one pass
+    over its candidates; ``None`` when no set on it can make room for a whole node."""
     if req.gpus:
         room = sum(map(len, host.cells.values())) >= req.gpus
     else:
         room = host.vcpus_free >= req.vcpus and host.memory_mib_free >= req.memory_mib
-    if room:
-        return (0, spoils, 0, 0)
-    return (1, spoils, _fewest_freed(host, req), -max([c.started for c in cands]))
-
-
-def optimistic_key(bound: float, cands: Sequence[Candidate], spoils: int, freed: int = 0) -> tuple:
-    """A key no victim set of ``bound`` or more of ``cands`` can beat: ``bound`` VMs, with
-    the ``bound`` latest ``started`` of its candidates."""
-    if not bound:
-        return (0, spoils, 0, 0)
-    if bound == 1:
-        return (1, spoils, freed, -max([c.started for c in cands]))
-    return (bound, spoils, freed, -sum(heapq.nlargest(int(bound), [c.started for c in cands])))
+    if room or not req.gpus:
+        return (spoils, 0.0, int(not room), 0)  # CPU-only victims waste no GPU-second
+    if _whole_node(host, req):
+        held = sum(c.gpus for c in cands)
+        if sum(map(len, host.cells.values())) + held < host.gpus_total:
+            return None  # a GPU is held by a VM that is not a candidate
+        with_gpus = [c for c in cands if c.gpus]
+        return (spoils, *cost.key(with_gpus, spoils)[1:])
+    least = min((cost.per_gpu(c) for c in cands if c.gpus), default=None)
+    if least is None:
+        return None  # only CPU-only candidates: they free no GPU
+    need = req.gpus - max(map(len, host.cells.values()), default=0)
+    return (spoils, need * least, 1, need)
 
 
 def choose_victims(
     hosts: Iterable[HostView],
     candidates: Mapping[int, Sequence[Candidate]],
     req: Request,
+    *,
+    now: float,
+    cost_s: float,
 ) -> Preemption | None:
-    """The best preemption for ``req`` over ``hosts`` (see the module's rule), or ``None``
-    when evicting candidates cannot make it fit anywhere. ``candidates`` maps a host id to
-    its evictable VMs; hosts without candidates are passed over (the request does not fit
-    there, or placement would have found them)."""
-    best = _Best()
+    """The best preemption for ``req`` over ``hosts`` at ``now`` (see the module's rule), or
+    ``None`` when evicting candidates cannot make it fit anywhere. ``candidates`` maps a
+    host id to its evictable VMs; hosts without candidates are passed over (the request
+    does not fit there, or placement would have found them)."""
+    cost = _Cost(now, cost_s)
+    best_key, best_host, best_victims = NONE_FOUND, None, ()
     staged = []
     for host in hosts:
         cands = candidates.get(host.id)
         if cands:
             spoils = _spoils(host, req)
-            staged.append((_first_key(host, cands, req, spoils), host.id, host, cands, spoils))
+            first = _first_key(host, cands, req, cost, spoils)
+            if first is not None:
+                staged.append((first, host.id, host, cands, spoils))
     staged.sort(key=lambda item: (item[0], item[1]))
     for first, _id, host, cands, spoils in staged:
-        if first > best.key:
+        if first >= best_key:
             break  # no set on this host or any after it beats the best one
-        bound = lower_bound(host, cands, req)
-        if bound == math.inf:
-            continue
-        if optimistic_key(bound, cands, spoils, _fewest_freed(host, req)) > best.key:
-            continue
-        victims = _on_host(host, cands, req, best, spoils)
-        if victims and _key(victims, spoils) < best.key:
-            best = _Best(_key(victims, spoils), host, victims)
-    if best.host is None:
+        victims = _on_host(host, cands, req, cost, best_key, spoils)
+        if victims:
+            best_key, best_host, best_victims = cost.key(victims, spoils), host, victims
+    if best_host is None:
         return None
     return Preemption(
-        host_id=best.host.id,
-        host_name=best.host.name,
-        victims=tuple(v.vm_id for v in best.victims),
-        gpus_freed=sum(v.gpus for v in best.victims),
+        host_id=best_host.id,
+        host_name=best_host.name,
+        victims=tuple(v.vm_id for v in best_victims),
+        gpus_freed=sum(v.gpus for v in best_victims),
     )

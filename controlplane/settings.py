@@ -355,6 +355,12 @@ SHELVE_STORE = os.environ.get("KUMO_SHELVE_STORE", "/var/lib/kumo/shelved")
 # KUMO_SPOT_STOP_GRACE_S: once a spot VM's eviction notice ends (each template sets its
 # notice, 30 s by default), seconds its guest has to shut down before it is forced off.
 SPOT_STOP_GRACE_S = float(os.environ.get("KUMO_SPOT_STOP_GRACE_S", "10"))
+# KUMO_SPOT_EVICTION_COST_S: what each GPU of an evicted spot VM costs beyond the work it
+# loses since its last checkpoint, in seconds of that GPU: the rest of its notice, its stop,
+# its boot when started again. Preemption evicts the spot VMs that waste the fewest
+# GPU-seconds (compute.preemption): a larger cost frees fewer GPUs beyond the request, at
+# the price of more work lost.
+SPOT_EVICTION_COST_S = float(os.environ.get("KUMO_SPOT_EVICTION_COST_S", "120"))
 # KUMO_SPOT_REAP_S: how often beat stops the spot VMs whose notice has ended (seconds; a
 # notice may run over by up to this much).
 SPOT_REAP_S = float(os.environ.get("KUMO_SPOT_REAP_S", "5"))

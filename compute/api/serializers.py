@@ -376,6 +376,9 @@ class ReclamationThresholdsSerializer(serializers.Serializer):
     expired_stop_notice_s = serializers.IntegerField()
     expired_delete_grace_s = serializers.IntegerField()
     spot_stop_grace_s = serializers.FloatField()
+    spot_eviction_cost_s = serializers.FloatField(
+        help_text="what preemption counts per evicted GPU beyond the work it loses"
+    )
 
 
 class ReclamationStepSerializer(serializers.Serializer):

@@ -426,7 +426,10 @@ class Replay:
             # A VM's id breaks the last ties (of victims equal by every measure): drawn from
             # the seed, the same in every replay of the trace.
             mock.patch.object(VirtualMachine._meta.pk, "_get_default", self._vm_id),
+            # An evicted GPU costs the simulated fleet its notice, stop and boot beyond the
+            # work it loses: preemption weighs that (``KUMO_SPOT_EVICTION_COST_S``).
             override_settings(
+                SPOT_EVICTION_COST_S=float(self.notice_s + self.stop_s + self.boot_s),
                 SCHEDULER_VIEW_TTL_S=600.0,
                 SCHEDULER_FRESH_AFTER_S=3600.0,
                 SCHEDULER_SEED=self.seed,

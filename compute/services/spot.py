@@ -142,8 +142,8 @@ class _Epoch(Func):
 
 # Since when a spot VM's work is unsaved, as Kumo knows it: its last start or the last
 # checkpoint its guest reported, whichever came later (its creation before either). An
-# eviction loses the work done since: of equally few victims, preemption takes those
-# whose work is unsaved since the latest (``compute.preemption``, its ``started``).
+# eviction loses the work done since: preemption weighs it (``compute.preemption``, its
+# ``started``).
 UNSAVED_SINCE = Greatest(
     Coalesce("running_since", "created_at"), Coalesce("checkpointed_at", "created_at")
 )
@@ -296,7 +296,7 @@ def decide(vm: VirtualMachine, *, pinned_only: bool = False) -> Preemption | Non
             candidates = index.candidates(req, protected, known)
             if pinned_only:
                 candidates = {h: c for h, c in candidates.items() if known[h].pinned}
-            return choose_victims((known[h] for h in candidates), candidates, req)
+            return _choose((known[h] for h in candidates), candidates, req)
 
 
 def _decide_leaving_hosts_whole(vm: VirtualMachine) -> Preemption | None:
@@ -346,7 +346,19 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
     for cands in candidates.values():
         cands.sort(key=lambda c: (c.started, c.vm_id))  # the index's order (``_lists``)
     hosts = placement.lease_views(vm.lease_id)
-    return choose_victims(hosts, candidates, req)
+    return _choose(hosts, candidates, req)
+
+
+def _choose(hosts, candidates, req) -> Preemption | None:
+    """``compute.preemption.choose_victims`` now, each evicted GPU costing
+    ``KUMO_SPOT_EVICTION_COST_S`` beyond the work it loses."""
+    return choose_victims(
+        hosts,
+        candidates,
+        req,
+        now=timezone.now().timestamp(),
+        cost_s=settings.SPOT_EVICTION_COST_S,
+    )
 
 
 # --- notices --------------------------------------------------------------------------------

@@ -1,8 +1,12 @@
-"""compute.preemption: the victim set is the smallest, then on a host that evictions could
-not empty anyway, then the youngest, on one host that then fits the request, and only
+"""compute.preemption: the victim set is on a host that evictions could not empty anyway,
+then wastes the fewest GPU-seconds (work since each victim's last checkpoint, plus a cost
+per evicted GPU), then has the fewest VMs; on one host that then fits the request, and only
 candidates (spot VMs) are ever chosen."""
 
-from compute.preemption import Candidate, choose_victims
+from functools import partial
+
+from compute import preemption
+from compute.preemption import NOTHING_TO_LOSE, Candidate
 from compute.scheduler import HostView, Request
 
 MODEL = "A100-SXM4-40GB"
@@ -37,19 +41,29 @@ def spot(vm_id, host_id, gpus, cell=None, started=0.0):
     )
 
 
+# "Now" is 100 s after the candidates' clock starts; each evicted GPU costs 10 s beyond its
+# lost work unless a test says otherwise.
+choose_victims = partial(preemption.choose_victims, now=100.0, cost_s=10.0)
+
+
 def gpus(n):
     return Request(vcpus=16 * n, memory_mib=57 * 1024 * n, gpus=n, gpu_model=MODEL)
 
 
-def test_an_8_gpu_request_takes_the_host_with_the_fewest_spot_vms():
+def test_an_8_gpu_request_takes_the_host_wasting_least_then_with_the_fewest_spot_vms():
     hosts = [host(1), host(2), host(3)]
     cands = {
         1: [spot(f"a{i}", 1, 1, cell=i // 4) for i in range(8)],
         2: [spot("b1", 2, 4, cell=0), spot("b2", 2, 4, cell=1)],
         3: [spot("c1", 3, 4, cell=0), spot("c2", 3, 2, cell=1), spot("c3", 3, 2, cell=1)],
     }
+    # Every host loses 8 GPUs' 100 s: the fewest VMs go.
     decision = choose_victims(hosts, cands, gpus(8))
     assert decision.host_id == 2 and sorted(decision.victims) == ["b1", "b2"]
+    # Host 1's eight VMs have just saved their work: emptying it wastes least.
+    cands[1] = [spot(f"a{i}", 1, 1, cell=i // 4, started=95) for i in range(8)]
+    decision = choose_victims(hosts, cands, gpus(8))
+    assert decision.host_id == 1 and len(decision.victims) == 8
 
 
 def test_a_host_with_a_gpu_held_by_a_non_candidate_is_never_chosen():
@@ -93,37 +107,65 @@ def test_of_equally_few_victims_a_host_on_demand_work_already_pins_is_taken_firs
     decision = choose_victims(hosts, cands, gpus(1))
     assert decision.host_id == 2 and len(decision.victims) == 1
     assert choose_victims(hosts, cands, gpus(8)).host_id == 1
-    # Fewer victims still come first: for 2 GPUs, one 2-GPU VM on host 1 beats two of
-    # host 2's 1-GPU VMs.
+    # The pinned host comes first even where it takes more victims: for 2 GPUs, two of
+    # host 2's 1-GPU VMs, not one 2-GPU VM that just saved on host 1.
     cands[1] = [spot(f"a{i}", 1, 2, cell=i // 2, started=100) for i in range(4)]
     decision = choose_victims(hosts, cands, gpus(2))
-    assert decision.host_id == 1 and len(decision.victims) == 1
+    assert decision.host_id == 2 and len(decision.victims) == 2
 
 
-def test_one_big_victim_beats_two_small_young_ones():
+def test_two_victims_that_just_saved_go_before_one_that_would_lose_work():
     hosts = [host(1), host(2)]
     cands = {
         1: [spot("s1", 1, 2, cell=0, started=100), spot("s2", 1, 2, cell=0, started=100)],
         2: [spot("big", 2, 4, cell=1, started=1)],
     }
+    assert sorted(choose_victims(hosts, cands, gpus(4)).victims) == ["s1", "s2"]
+    # Of equal waste, the fewest VMs.
+    cands[2] = [spot("big", 2, 4, cell=1, started=100)]
     assert choose_victims(hosts, cands, gpus(4)).victims == ("big",)
 
 
-def test_of_equally_few_victims_the_set_freeing_fewest_gpus_goes_then_the_least_work_lost():
-    # 2 GPUs wanted, one victim anywhere: host 1's 2-GPU VM, saved long ago, or host 2's
-    # 4-GPU VMs, saved since. Freeing 4 would leave 2 free that the request does not take
-    # (a waiting 4- or 8-GPU request cannot use them): the 2-GPU VM goes. Of two such VMs,
-    # the one whose work is unsaved for the shortest time.
+def test_the_cost_per_evicted_gpu_weighs_gpus_freed_beyond_the_request_against_work_lost():
+    # 2 GPUs wanted: host 1's 2-GPU VM, unsaved for 90 s, or its 4-GPU VM, unsaved for 10 s
+    # (2 GPUs beyond the request freed). At 10 s a GPU the 4-GPU VM wastes less (80
+    # against 200 GPU-seconds); at 120 s the 2-GPU VM does (420 against 520).
+    hosts = [host(1)]
+    cands = {1: [spot("two", 1, 2, cell=0, started=10), spot("four", 1, 4, cell=1, started=90)]}
+    assert choose_victims(hosts, cands, gpus(2)).victims == ("four",)
+    assert choose_victims(hosts, cands, gpus(2), cost_s=120.0).victims == ("two",)
+
+
+def test_a_stopped_spot_vm_wastes_nothing_and_goes_first():
     hosts = [host(1), host(2)]
     cands = {
-        1: [spot("two", 1, 2, cell=0, started=10), spot("four-a", 1, 4, cell=1, started=90)],
-        2: [spot("four-b", 2, 4, cell=0, started=50), spot("four-c", 2, 4, cell=1, started=60)],
+        1: [spot("running", 1, 1, cell=0, started=100)],
+        2: [spot("stopped", 2, 4, cell=0, started=NOTHING_TO_LOSE)],
     }
+    assert choose_victims(hosts, cands, gpus(1)).victims == ("stopped",)
+
+
+def test_a_whole_node_victim_wastes_all_its_gpus_for_a_cell_request():
+    # 2 GPUs wanted: an 8-GPU VM that saved 50 s ago wastes 8 x 60; a 2-GPU VM unsaved for
+    # 90 s wastes 2 x 100: the 2-GPU VM goes.
+    hosts = [host(1), host(2)]
+    cands = {1: [spot("node", 1, 8, started=50)], 2: [spot("two", 2, 2, cell=0, started=10)]}
     assert choose_victims(hosts, cands, gpus(2)).victims == ("two",)
-    # Host 2's cell 0 now holds two 2-GPU VMs, saved at 40 and 50: the one saved at 50 goes.
-    cands[2][0] = spot("two-b", 2, 2, cell=0, started=50)
-    cands[2].append(spot("two-c", 2, 2, cell=0, started=40))
-    assert choose_victims(hosts, cands, gpus(2)).victims == ("two-b",)
+
+
+def test_of_equal_waste_the_fewest_vms_go_then_those_freeing_fewest_gpus():
+    # 2 GPUs wanted, every candidate unsaved since the same moment, no cost per GPU: a
+    # 2-GPU VM, or two 1-GPU VMs of the same waste: the single VM.
+    hosts = [host(1), host(2)]
+    cands = {
+        1: [spot("two", 1, 2, cell=0, started=50), spot("four", 1, 4, cell=1, started=50)],
+        2: [spot("one-a", 2, 1, cell=0, started=50), spot("one-b", 2, 1, cell=0, started=50)],
+    }
+    assert choose_victims(hosts, cands, gpus(2), cost_s=0.0).victims == ("two",)
+    # Stopped VMs waste nothing: of a stopped 2-GPU and a stopped 4-GPU VM, the 2-GPU one.
+    cands = {1: [spot("two", 1, 2, cell=0, started=NOTHING_TO_LOSE)]}
+    cands[2] = [spot("four", 2, 4, cell=0, started=NOTHING_TO_LOSE)]
+    assert choose_victims(hosts, cands, gpus(2)).victims == ("two",)
 
 
 def test_victims_never_span_cells_for_a_cell_request():

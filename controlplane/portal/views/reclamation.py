@@ -47,8 +47,15 @@ def reclamation(request, project):
         ),
         (
             _("Spot VMs"),
-            _("when their eviction notice ends, %(grace)s to shut down before they are forced off")
-            % {"grace": _duration(t["spot_stop_grace_s"])},
+            _(
+                "when their eviction notice ends, %(grace)s to shut down before they are "
+                "forced off; the VMs evicted are those whose eviction wastes the fewest "
+                "GPU-seconds: the work since their last checkpoint, plus %(cost)s per GPU"
+            )
+            % {
+                "grace": _duration(t["spot_stop_grace_s"]),
+                "cost": _duration(t["spot_eviction_cost_s"]),
+            },
         ),
     ]
     return page(

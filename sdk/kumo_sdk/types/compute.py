@@ -157,6 +157,7 @@ class ReclamationThresholds:
     expired_stop_notice_s: int = 0
     expired_delete_grace_s: int = 0
     spot_stop_grace_s: float = 0.0
+    spot_eviction_cost_s: float = 0.0
 
 
 @dataclass(frozen=True)
