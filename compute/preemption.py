@@ -28,9 +28,10 @@ The rule, for one request:
 
 Speed: a host's candidates are few (at most one per GPU plus its CPU-only VMs), so a host
 costs a handful of combinations, and few hosts are searched at all. Every host gets a
-first key no set on it can beat, in one pass over its candidates: nothing wasted if its
-free GPUs could do, the exact waste of emptying it for a whole node, else the GPUs its
-fullest cell lacks times the least any of its candidates wastes per GPU. Hosts are taken
+first key no set on it can beat, from its candidates in one pass: nothing wasted if its
+free GPUs could do, the exact waste of emptying it for a whole node, else the waste of the
+GPUs its fullest cell lacks, taken from the candidates that waste least per GPU whatever
+their cells. Hosts are taken
 in that order until the next one's is worse than the best set found. On a full fleet the
 first host's key is its best set's, and the search stops after it.
 """
@@ -204,11 +205,18 @@ def _first_key(
             return None  # a GPU is held by a VM that is not a candidate
         with_gpus = [c for c in cands if c.gpus]
         return (spoils, *cost.key(with_gpus, spoils)[1:])
-    least = min((cost.per_gpu(c) for c in cands if c.gpus), default=None)
-    if least is None:
-        return None  # only CPU-only candidates: they free no GPU
+    # The GPUs its fullest cell lacks, taken from the candidates that waste least per GPU
+    # (those unsaved since the latest), the last one in part, whatever their cells: no
+    # set that frees them in one cell wastes less.
     need = req.gpus - max(map(len, host.cells.values()), default=0)
-    return (spoils, need * least, 1, need)
+    left, least = need, 0.0
+    for cand in sorted([c for c in cands if c.gpus], key=lambda c: -c.started):
+        taken = min(left, cand.gpus)
+        least += taken * cost.per_gpu(cand)
+        left -= taken
+        if not left:
+            return (spoils, least, 1, need)
+    return None  # its candidates hold too few GPUs
 
 
 def choose_victims(
