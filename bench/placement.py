@@ -22,6 +22,9 @@ fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2
    claim for PLAIN_CLAIMS other VMs, placements decided beforehand (untimed) on a fresh
    view: BEGIN; SELECT the VM FOR UPDATE; the conditional UPDATE of the host's counters;
    UPDATE the devices WHERE vm_id IS NULL; the conditional UPDATE of the VM; COMMIT;
+   Steps 2 and 3 alternate in ROUNDS rounds (Kumo, plain SQL, Kumo, ...), each on its
+   share of the VMs, so that each Kumo round is compared with the plain SQL round beside
+   it (``interleaved_claims``);
 4. overallocation, proved in SQL over everything both runs placed (see ``VIOLATIONS``);
 5. one worker: the database emptied and seeded again with SINGLE_HOSTS hosts, then one
    Kumo process places SINGLE_CLAIMS VMs and one plain SQL process claims SINGLE_CLAIMS
@@ -31,7 +34,8 @@ fills a host) and pending VMs of a seeded mix of those sizes (40 % 1 GPU, 30 % 2
 Prints progress on stderr and one JSON line, last, on stdout: ``decisions_per_s``,
 ``claims_per_s`` (committed claims over wall-clock time, all workers), ``claim_p50_ms``
 and ``claim_p99_ms`` (one claim's whole transaction), ``plain_sql_claims_per_s`` and its
-p50 and p99, the ratio ``claims_vs_plain_sql``, the lost races and view reloads,
+p50 and p99, the ratio ``claims_vs_plain_sql`` (the median of the rounds' ratios, listed
+in ``claims_vs_plain_sql_rounds``), the lost races and view reloads,
 ``single_worker_claim_p50_ms`` beside ``single_worker_plain_sql_p50_ms``,
 ``overallocated`` (the violations of both phases: must be 0), and ``targets`` with ``met``
 for each and ``all_met``. The workers and PostgreSQL share the machine's cores: compare
