@@ -10,8 +10,9 @@ free), gives project ``p01`` a guaranteed minimum of 32 GPUs and project ``p02``
 GPUs to spot VMs unless ``--lease-keeps-idle``), replays it with boots of
 60 s, stops of 10 s and eviction notices of 30 s (spot jobs report each checkpoint, every
 30 minutes of their run, unless ``--no-checkpoint-reports``), and prints progress on stderr and one
-JSON line, last, on stdout (the keys of ``compute.replay.sim.Replay._figures``). Writes the
-plot to ``--plot`` (default ``goodput.png``).
+JSON line, last, on stdout (the keys of ``compute.replay.sim.Replay._figures``, then
+``targets``, ``met`` for each and ``all_met``). Writes the plot to ``--plot`` (default
+``goodput.png``).
 
 Targets: >= 30 simulated days and >= 20,000 jobs; goodput >= 0.97 of capacity
 while spot demand exceeds free capacity; on-demand p99 wait <= notice + 60 s; every
@@ -81,7 +82,19 @@ def main() -> None:
         if args.plot:
             replay.plot(args.plot)
             log(f"plot written to {args.plot}")
+    figures |= judged(figures, notice_s=replay.notice_s)
     print(json.dumps(figures, sort_keys=True), flush=True)
+
+
+def judged(figures: dict, *, notice_s: float) -> dict:
+    """The issue's targets, whether each was met by ``figures``, and whether all were."""
+    at_least = {"simulated_days": 30, "jobs": 20_000, "goodput_while_spot_waits": 0.97}
+    at_most = {"on_demand_wait_p99_s": notice_s + 60, "wall_s": 15 * 60}
+    exactly = {"evictions_full_notice": 1.0, "guarantees_honoured": 1.0, "leases_honoured": 1.0}
+    met = {key: (figures[key] or 0) >= goal for key, goal in at_least.items()}
+    met |= {key: figures[key] <= goal for key, goal in at_most.items()}
+    met |= {key: figures[key] in (goal, None) for key, goal in exactly.items()}
+    return {"targets": at_least | at_most | exactly, "met": met, "all_met": all(met.values())}
 
 
 if __name__ == "__main__":
