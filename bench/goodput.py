@@ -87,7 +87,8 @@ def main() -> None:
 
 
 def judged(figures: dict, *, notice_s: float) -> dict:
-    """The issue's targets, whether each was met by ``figures``, and whether all were."""
+    """The issue's targets, whether each was met by ``figures``, and whether all were. A
+    guarantee or lease figure of ``None`` (a trace replayed with none to honour) is met."""
     at_least = {"simulated_days": 30, "jobs": 20_000, "goodput_while_spot_waits": 0.97}
     at_most = {"on_demand_wait_p99_s": notice_s + 60, "wall_s": 15 * 60}
     exactly = {"evictions_full_notice": 1.0, "guarantees_honoured": 1.0, "leases_honoured": 1.0}

@@ -139,8 +139,9 @@ def _on_host(
     cost: _Cost,
     best_key: tuple,
     spoils: int = 0,
-) -> tuple[Candidate, ...] | None:
-    """The best victim set on ``host`` whose key is below ``best_key``, or ``None``."""
+) -> tuple[tuple, tuple[Candidate, ...]] | None:
+    """The best victim set on ``host`` whose key is below ``best_key``, with its key, or
+    ``None``."""
     if req.gpus and req.gpu_model and host.gpu_model != req.gpu_model:
         return None
     if not all(check(host, req) for check in GROUP_FILTERS):
@@ -149,7 +150,8 @@ def _on_host(
         (c for c in cands if not c.gpus), key=lambda c: (-c.vcpus, -c.memory_mib, -c.started)
     )
     if not req.gpus:
-        return _add_cpu(host, req, (), cpu_only)
+        victims = _add_cpu(host, req, (), cpu_only)
+        return None if victims is None else (cost.key(victims, spoils), victims)
     with_gpus = [c for c in cands if c.gpus]
     free = {cell: len(ids) for cell, ids in host.cells.items()}
     if _whole_node(host, req):
@@ -157,8 +159,10 @@ def _on_host(
         if sum(free.values()) + sum(c.gpus for c in with_gpus) < host.gpus_total:
             return None  # a GPU is held by a VM that is not a candidate
         victims = _add_cpu(host, req, tuple(with_gpus), cpu_only)
-        return victims if victims is not None and cost.key(victims, spoils) < best_key else None
-    found: tuple[Candidate, ...] | None = None
+        if victims is None or (key := cost.key(victims, spoils)) >= best_key:
+            return None
+        return key, victims
+    found: tuple[tuple, tuple[Candidate, ...]] | None = None
     found_key = best_key
     for cell, size in host.cell_sizes.items():
         if size < req.gpus:
@@ -183,8 +187,8 @@ def _on_host(
             )
         for combo in options:
             victims = _add_cpu(host, req, combo, cpu_only)
-            if victims is not None and cost.key(victims, spoils) < found_key:
-                found, found_key = victims, cost.key(victims, spoils)
+            if victims is not None and (key := cost.key(victims, spoils)) < found_key:
+                found, found_key = (key, victims), key
     return found
 
 
@@ -245,9 +249,9 @@ def choose_victims(
     for first, _id, host, cands, spoils in staged:
         if first >= best_key:
             break  # no set on this host or any after it beats the best one
-        victims = _on_host(host, cands, req, cost, best_key, spoils)
-        if victims:
-            best_key, best_host, best_victims = cost.key(victims, spoils), host, victims
+        found = _on_host(host, cands, req, cost, best_key, spoils)
+        if found is not None and found[1]:
+            (best_key, best_victims), best_host = found, host
     if best_host is None:
         return None
     return Preemption(
