@@ -24,6 +24,7 @@ from compute.choices import (
     VmState,
     VmTask,
 )
+from compute.scheduler import NO_ROOM
 from controlplane.validators import hostname_validator
 from tenants.models import Project, ProjectOwnedModel
 
@@ -275,6 +276,21 @@ def new_metadata_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+#: A VM in the scheduling pass's queue: pending, and not waiting for spot evictions (those
+#: the hand-over places).
+QUEUED = Q(state="pending", reserved_host__isnull=True)
+#: A spot VM on its own: in no placement group and no lease (a "plain" one). The pass
+#: decides the plain ones a size at a time (``compute.services.vms.vm_schedule_pending``).
+PLAIN_SPOT = Q(priority="spot", placement_group__isnull=True, lease__isnull=True)
+#: What a VM's size is to the scheduler.
+SIZE = ("gpus", "vcpus", "memory_mib", "gpu_model")
+#: A waiting VM not yet told that it waits for want of room for its size: its reason does
+#: not start with ``NO_ROOM``. Written as the range of the strings that start with it (in
+#: byte order, SQLite's and that of PostgreSQL's C collations) rather than as a ``LIKE``:
+#: SQLite matches a partial index's condition to a range of bound values, not to a ``LIKE``.
+UNTOLD = ~Q(state_reason__gte=NO_ROOM, state_reason__lt=NO_ROOM[:-1] + chr(ord(NO_ROOM[-1]) + 1))
+
+
 class VirtualMachine(ProjectOwnedModel):
     """A tenant's VM. Three separate fields say where it is, as Nova keeps them apart:
 
@@ -402,6 +418,21 @@ class VirtualMachine(ProjectOwnedModel):
             models.Index(fields=["host", "state"], name="vm_host_state"),
             models.Index(fields=["state", "updated_at"], name="vm_state_updated"),
             models.Index(fields=["state", "eviction_deadline"], name="vm_state_eviction"),
+            # The scheduling pass reads the queue's head from these, never the whole queue
+            # (``compute.services.vms.vm_schedule_pending``): the VMs that are not plain
+            # spot ones by priority and age; plain spot VMs by size, then age; and the plain
+            # spot sizes with a VM not yet told it waits for want of room.
+            models.Index(
+                fields=["priority", "created_at"], condition=QUEUED & ~PLAIN_SPOT, name="vm_queue"
+            ),
+            models.Index(
+                fields=[*SIZE, "created_at"], condition=QUEUED & PLAIN_SPOT, name="vm_queue_spot"
+            ),
+            models.Index(
+                fields=SIZE,
+                condition=QUEUED & PLAIN_SPOT & UNTOLD,
+                name="vm_queue_spot_untold",
+            ),
         ]
         verbose_name = "virtual machine"
 

@@ -25,10 +25,14 @@ def _reset_login_throttle(settings):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_spot_index():
-    # A process's index of evictable spot VMs would outlive the rows a test rolls back.
+def _fresh_views():
+    # A process's view of the hosts and its index of evictable spot VMs would outlive the
+    # rows a test rolls back (and SQLite gives a rolled-back row's id to the next one):
+    # within the view's TTL, a test would otherwise place on the hosts of the test before.
+    from compute import placement
     from compute.services import spot
 
+    placement.view.invalidate()
     spot.index.invalidate()
 
 

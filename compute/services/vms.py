@@ -6,23 +6,32 @@ state the action read, so of two racing requests exactly one wins and the other 
 The host work each action asks for goes out after commit, carrying the new generation.
 """
 
+import heapq
+import itertools
 import logging
-import operator
-from functools import reduce
 
 from django.db import transaction
-from django.db.models import Count, Q, prefetch_related_objects
+from django.db.models import prefetch_related_objects
 from django.utils import timezone
 
 from compute import placement
 from compute.choices import Priority, VmState, VmTask
 from compute.leases import check_vm_lease
-from compute.models import Image, PlacementGroup, Template, VirtualMachine
+from compute.models import (
+    PLAIN_SPOT,
+    QUEUED,
+    SIZE,
+    UNTOLD,
+    Image,
+    PlacementGroup,
+    Template,
+    VirtualMachine,
+)
 from compute.protocol import (
     CONSOLE_LOG_MAX_BYTES,
     VM_CONSOLE_LOG_TASK,
 )
-from compute.scheduler import NO_ROOM, NoValidHost, Request
+from compute.scheduler import NoValidHost, Request
 from compute.services.lifecycle import (
     current_operation,
     guard,
@@ -188,39 +197,34 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     statement per such size, at the end.
     So a pass over a long queue costs one decision per size, and a small spot VM is placed
     on the GPUs that are free even when a hundred 8-GPU ones that fit nowhere wait before it
-    (backfilling: spot runs on whatever is free; a waiting spot VM holds no place)."""
+    (backfilling: spot runs on whatever is free; a waiting spot VM holds no place).
+
+    Nor does a pass read the queue whole: every read is a range of one of the queue's
+    partial indexes (``VirtualMachine.Meta``), so its cost follows the sizes waiting and
+    ``limit``, not the thousands of spot VMs a busy fleet keeps waiting."""
     placed = 0
     # On-demand first ("on_demand" sorts before "spot"): spot runs on what nobody else needs.
     # A VM waiting for spot evictions (``reserved_host``) is placed by the hand-over.
-    pending = VirtualMachine.objects.filter(state=VmState.PENDING, reserved_host__isnull=True)
-    plain_spot = Q(priority=Priority.SPOT, placement_group__isnull=True, lease__isnull=True)
-    sizes = ("vcpus", "memory_mib", "gpus", "gpu_model")
+    pending = VirtualMachine.objects.filter(QUEUED)
+    plain_spot = pending.filter(PLAIN_SPOT)
     no_room: dict[tuple, str] = {}  # a plain spot size -> why no host has room for it
     roomy: set[tuple] = set()  # plain spot sizes with room since the last attempt
-    # Each plain spot size waiting, with how many of its VMs wait for another reason than
-    # want of room for it (told when they joined the queue, a VM is told that reason:
+    # Each plain spot size waiting, and whether one of its VMs waits for another reason
+    # than want of room for it (told when they joined the queue, a VM is told that reason:
     # ``vm_create``, ``lifecycle.requeue``). Only a size with such VMs is told at the end:
     # a pass over a queue told already writes nothing and builds no statement to check it.
-    untold: dict[tuple, int] = {}
-    for *size, n in (
-        pending.filter(plain_spot)
-        .values(*sizes)
-        .annotate(n=Count("pk", filter=~Q(state_reason__startswith=NO_ROOM)))
-        .values_list(*sizes, "n")
-        .order_by()
-    ):
-        untold[tuple(size)] = n
+    untold = dict.fromkeys(plain_spot.values_list(*SIZE).distinct().order_by(), False)
+    untold.update(
+        dict.fromkeys(plain_spot.filter(UNTOLD).values_list(*SIZE).distinct().order_by(), True)
+    )
     for size in untold:
         reason = placement.no_room(_size_request(size))
         if reason:
             no_room[size] = reason[:500]
         else:
             roomy.add(size)
-    queue = pending.order_by("priority", "created_at")
-    if no_room:
-        queue = queue.exclude(plain_spot & _of_sizes(no_room))
-    for queued in map(placement.Queued._make, queue.values_list(*placement.Queued._fields)[:limit]):
-        size = (queued.vcpus, queued.memory_mib, queued.gpus, queued.gpu_model)
+    for queued in _queue_head(pending, roomy, limit):
+        size = tuple(getattr(queued, f) for f in SIZE)
         plain = (
             queued.priority == Priority.SPOT
             and queued.placement_group_id is None
@@ -253,30 +257,41 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             send_apply(vm, operation_id=current_operation(vm))
             placed += 1
     for size, reason in no_room.items():
-        if not untold.get(size, 1):  # (a size not read at the start: one queued meanwhile)
+        if not untold.get(size, True):  # (a size not read at the start: one queued meanwhile)
             continue
         # Told once: a VM already waiting for want of room for its size keeps the reason it
         # was told, though the counts in it (hosts up, hosts turned away) move with claims,
         # releases and hand-overs. Rewriting them at every move would write every row of a
         # long queue at every pass.
-        told = reason.split(": ", 1)[0]
-        pending.filter(plain_spot & _of_sizes([size])).exclude(
-            state_reason__startswith=told
-        ).update(state_reason=reason)
+        plain_spot.filter(UNTOLD, **_of_size(size)).update(state_reason=reason)
     return placed
 
 
+def _queue_head(pending, roomy: set[tuple], limit: int) -> list[placement.Queued]:
+    """The first ``limit`` VMs of the queue, on-demand first, then oldest first, that a pass
+    may try: all but the plain spot VMs of the sizes without room. Read as ranges of the
+    queue's indexes, merged: the VMs that are not plain spot ones (``vm_queue``), and the
+    plain spot VMs of each size with ``roomy`` (``vm_queue_spot``)."""
+    fields = (*placement.Queued._fields, "created_at")
+    ranges = [pending.filter(~PLAIN_SPOT).order_by("priority", "created_at")]
+    ranges += [
+        pending.filter(PLAIN_SPOT, **_of_size(size)).order_by("created_at")
+        for size in sorted(roomy)
+    ]
+    # Each range read whole before the first decision: the claims write the rows it holds.
+    heads = [list(r.values_list(*fields)[:limit]) for r in ranges]
+    priority = placement.Queued._fields.index("priority")
+    merged = heapq.merge(*heads, key=lambda row: (row[priority], row[-1]))
+    return [placement.Queued._make(row[:-1]) for row in itertools.islice(merged, limit)]
+
+
+def _of_size(size: tuple) -> dict:
+    """A size (``SIZE``) as the fields it stands for."""
+    return dict(zip(SIZE, size, strict=True))
+
+
 def _size_request(size: tuple) -> Request:
-    vcpus, memory_mib, gpus, gpu_model = size
-    return Request(vcpus=vcpus, memory_mib=memory_mib, gpus=gpus, gpu_model=gpu_model)
-
-
-def _of_sizes(sizes) -> Q:
-    """VMs of any of ``sizes`` (vCPUs, memory, GPUs, GPU model)."""
-    return reduce(
-        operator.or_,
-        (Q(vcpus=v, memory_mib=m, gpus=g, gpu_model=model) for v, m, g, model in sizes),
-    )
+    return Request(**_of_size(size))
 
 
 # --- actions on a VM ---------------------------------------------------------------------------

@@ -175,6 +175,36 @@ def test_a_small_spot_vm_behind_a_full_pass_of_sizes_without_room_is_placed(proj
     assert len(reasons) == 1 and "8 A100-SXM4-40GB GPUs" in reasons.pop()
 
 
+def test_a_pass_tries_on_demand_first_then_spot_by_age_across_groups_and_sizes(
+    project, sent, monkeypatch
+):
+    """The pass reads its queue as ranges (the VMs that are not plain spot ones; plain spot
+    VMs a size at a time) and merges them: on-demand first, then spot oldest first, whether
+    in a placement group or of any size with room."""
+    from compute.services import vms as vm_services
+
+    make_host("gpu-a")
+    t1, t8 = make_template(name="g1", gpus=1), make_template(name="g8", gpus=8)
+    holder = make_vm(project, name="holder", template=t8)  # the host is full
+    group = services.placement_group_create(project=project, name="grp", policy="compact")
+    spot = Priority.SPOT
+    s1 = make_vm(project, name="s1", template=t1, priority=spot)
+    g1 = make_vm(project, name="g1", template=t1, priority=spot, placement_group=group)
+    s2 = make_vm(project, name="s2", template=t1, priority=spot)
+    od = make_vm(project, name="od", template=t1)
+    assert {fresh(v).state for v in (s1, g1, s2, od)} == {VmState.PENDING}
+    tried = []
+    real_place = vm_services.place
+    monkeypatch.setattr(
+        vm_services, "place", lambda vm, **kw: (tried.append(vm.name), real_place(vm, **kw))
+    )
+    services.vm_delete(vm=fresh(holder))
+    report(fresh(holder), "absent")
+    tried.clear()
+    assert services.vm_schedule_pending() == 4
+    assert tried == ["od", "s1", "g1", "s2"]
+
+
 def test_a_queue_told_why_it_waits_is_not_written_again_as_the_counts_move(project, sent):
     """A waiting spot VM keeps the reason it was told while only the counts in it move (a
     host more, one turned away): a pass over a long queue writes no row of it again. A VM
@@ -195,8 +225,8 @@ def test_a_queue_told_why_it_waits_is_not_written_again_as_the_counts_move(proje
 
 
 def test_a_pass_over_a_queue_told_already_writes_no_reason(project, sent):
-    """Every waiting VM was told why when it joined the queue: a pass checks that in the
-    statement that reads the sizes, and writes (or scans for) no reason of any size."""
+    """Every waiting VM was told why when it joined the queue: a pass finds no VM untold
+    (a read of an index that holds only those) and writes (or scans for) no reason."""
     make_host("gpu-a")
     t8, t4 = make_template(name="g8", gpus=8), make_template(name="g4", gpus=4)
     make_vm(project, name="od", template=t8)  # the host is full
