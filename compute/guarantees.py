@@ -77,15 +77,15 @@ def fleet_gpus(*, up_only: bool) -> dict[str, int]:
         if up_only
         else Host.objects.exclude(state=HostState.DOWN)
     )
-    rows = (
+    # Counted by the database: every admission weighed asks it, and a fleet of 1,000 GPU
+    # hosts has 8,000 rows to count.
+    return dict(
         Device.objects.filter(kind=DeviceKind.GPU, present=True, host__in=hosts)
-        .values_list("model")
+        .values("model")
+        .annotate(n=Count("pk"))
+        .values_list("model", "n")
         .order_by()
     )
-    counts: dict[str, int] = {}
-    for (model,) in rows:
-        counts[model] = counts.get(model, 0) + 1
-    return counts
 
 
 def fleet_vcpus(*, up_only: bool) -> int:
