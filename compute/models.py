@@ -356,9 +356,12 @@ class VirtualMachine(ProjectOwnedModel):
     # What an eviction would lose: the last time it started running (a booted guest starts
     # from what it saved) and the last checkpoint its guest reported
     # (``POST /api/v1/metadata/spot/checkpoint``). Preemption evicts first the spot VMs
-    # that lose the least work (``compute.services.spot.UNSAVED_SINCE``).
+    # that lose the least work (``compute.services.spot.UNSAVED_SINCE``). The interval
+    # before the last report (since the previous one, or since the guest's start) is how
+    # often the guest saves: preemption expects its next save one interval after its last.
     running_since = models.DateTimeField(null=True, blank=True)
     checkpointed_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_interval_s = models.FloatField(null=True, blank=True)
     power_observed_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
 

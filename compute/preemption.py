@@ -16,7 +16,9 @@ The rule, for one request:
   frees), so on-demand work gathers on fewer hosts and a whole-node on-demand request still
   finds a host that evictions can empty; then it **wastes the fewest GPU-seconds**: each
   victim's GPUs times the work it would lose (``now`` less its ``started``, the moment
-  since which its work is unsaved: its last start or its guest's last reported checkpoint)
+  since which its work is unsaved: its last start or its guest's last reported checkpoint;
+  when its guest is expected to save during its notice, one reported interval after its
+  last save, only the work after that save, which the stop at the notice's end loses)
   plus ``cost_s``, what every evicted GPU costs beyond that (the rest of its notice, its
   stop, its boot when started again: ``KUMO_SPOT_EVICTION_COST_S``). A stopped VM wastes
   nothing (``NOTHING_TO_LOSE``). Then it has the fewest VMs, then frees the fewest GPUs.
@@ -48,6 +50,8 @@ from compute.scheduler import GROUP_FILTERS, HostView, Request
 # The ``started`` of a candidate with no work to lose (a stopped VM): later than any real
 # moment (the year 33658), yet finite.
 NOTHING_TO_LOSE = 1e12
+# A save expected this close to the notice's end is not counted on: it may come too late.
+SAVE_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Candidate:
     memory_mib: int
     started: float
     cell: int | None = None
+    # When its guest is expected to save next (seconds since 1970; ``None`` when it never
+    # reported a save), and the notice an eviction would give it.
+    saves_at: float | None = None
+    notice_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ class _Cost:
     def per_gpu(self, cand: Candidate) -> float:
         if cand.started >= NOTHING_TO_LOSE:
             return 0.0  # stopped: no work lost, and no guest to stop and boot again
+        saves_at = cand.saves_at
+        if saves_at is not None and self.now < saves_at <= self.now + cand.notice_s - SAVE_MARGIN_S:
+            # It saves during its notice: the stop at the notice's end loses only what
+            # follows the save, not the work since ``started``.
+            return max(0.0, self.cost_s - (saves_at - self.now))
         return max(0.0, self.now - cand.started) + self.cost_s
 
     def key(self, victims: Sequence[Candidate], spoils: int) -> tuple:
@@ -210,11 +223,11 @@ def _first_key(
         with_gpus = [c for c in cands if c.gpus]
         return (spoils, *cost.key(with_gpus, spoils)[1:])
     # The GPUs its fullest cell lacks, taken from the candidates that waste least per GPU
-    # (those unsaved since the latest), the last one in part, whatever their cells: no
-    # set that frees them in one cell wastes less.
+    # (those about to save, then those unsaved since the latest), the last one in part,
+    # whatever their cells: no set that frees them in one cell wastes less.
     need = req.gpus - max(map(len, host.cells.values()), default=0)
     left, least = need, 0.0
-    for cand in sorted([c for c in cands if c.gpus], key=lambda c: -c.started):
+    for cand in sorted([c for c in cands if c.gpus], key=cost.per_gpu):
         taken = min(left, cand.gpus)
         least += taken * cost.per_gpu(cand)
         left -= taken

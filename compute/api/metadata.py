@@ -12,7 +12,7 @@ Each VM gets a token (``VirtualMachine.metadata_token``) in its cloud-init seed
   now"): the notice ends at once. 404 when there is no notice.
 - ``POST /api/v1/metadata/spot/checkpoint``: the guest saved its work; preemption then
   counts what an eviction would lose from now (``compute.services.spot.checkpoint_report``).
-  ``{"checkpointed_at": …}``; 409 when the VM is not running.
+  ``{"checkpointed_at": …, "checkpoint_interval_s": …}``; 409 when the VM is not running.
 """
 
 import hmac
@@ -130,4 +130,5 @@ class SpotCheckpointView(_MetadataView):
     def post(self, request):
         """The guest saved its work: an eviction would lose only what it does from now on."""
         vm = services.checkpoint_report(vm=request.auth)
+        vm.refresh_from_db(fields=["checkpoint_interval_s"])  # the report's UPDATE set it
         return Response(CheckpointSerializer(vm).data)

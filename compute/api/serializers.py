@@ -259,6 +259,7 @@ class VirtualMachineSerializer(serializers.ModelSerializer):
             "launched_at",
             "running_since",
             "checkpointed_at",
+            "checkpoint_interval_s",
             "deleted_at",
             "eviction_notice_at",
             "eviction_deadline",
@@ -404,6 +405,12 @@ class CheckpointSerializer(serializers.Serializer):
     """A guest's checkpoint as Kumo recorded it."""
 
     checkpointed_at = serializers.DateTimeField(read_only=True)
+    checkpoint_interval_s = serializers.FloatField(
+        read_only=True,
+        allow_null=True,
+        help_text="seconds since the save before (or the start): Kumo expects the next save "
+        "one interval after this one",
+    )
 
 
 class InstanceActionSerializer(serializers.Serializer):

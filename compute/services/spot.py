@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Exists, FloatField, Func, OuterRef, Subquery, Sum
+from django.db.models import Count, Exists, FloatField, Func, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -147,6 +147,16 @@ class _Epoch(Func):
 UNSAVED_SINCE = Greatest(
     Coalesce("running_since", "created_at"), Coalesce("checkpointed_at", "created_at")
 )
+
+
+def _next_save(started: float, interval: float | None, notice_s: int) -> tuple:
+    """A candidate's ``saves_at`` and ``notice_s`` (``compute.preemption.Candidate``): its
+    guest's next save expected one reported interval after its last (or its start)."""
+    if not interval or started >= NOTHING_TO_LOSE:
+        return None, notice_s
+    return started + interval, notice_s
+
+
 # How far before the last read each update of the index reads changed spot VMs again: a
 # transaction that stamped ``updated_at`` before that read but committed after it is seen.
 SYNC_SLACK = timedelta(seconds=2)
@@ -176,6 +186,8 @@ class _EvictableIndex:
         "memory_mib",
         "state",
         "task_state",
+        "checkpoint_interval_s",
+        "template__eviction_notice_s",
     )
 
     def __init__(self) -> None:
@@ -195,7 +207,8 @@ class _EvictableIndex:
     def _read(self, qs) -> None:
         borrowing = Exists(Device.objects.filter(vm_id=OuterRef("pk"), lease__isnull=False))
         rows = qs.values_list(*self._COLUMNS, _Epoch(UNSAVED_SINCE), borrowing).order_by()
-        for pk, host_id, cell, gpus, model, vcpus, memory, state, task, started, lent in rows:
+        for row in rows:
+            pk, host_id, cell, gpus, model, vcpus, memory, state, task, *saves, started, lent = row
             if state == VmState.STOPPED:
                 started = NOTHING_TO_LOSE
             vm_id = str(pk)
@@ -206,7 +219,9 @@ class _EvictableIndex:
             self.model.pop(vm_id, None)
             if state in EVICTABLE and not task and host_id is not None and not lent:
                 cell = cell if gpus else None
-                cand = Candidate(vm_id, host_id, gpus, vcpus, memory, started, cell)
+                cand = Candidate(
+                    vm_id, host_id, gpus, vcpus, memory, started, cell, *_next_save(started, *saves)
+                )
                 self.hosts.setdefault(host_id, {})[vm_id] = cand
                 self.where[vm_id] = host_id
                 self.lists.pop(host_id, None)
@@ -332,14 +347,25 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
             task_state=VmTask.NONE,
             devices__lease_id=vm.lease_id,
         )
-        .values_list("pk", "host_id", "numa_cell", "vcpus", "memory_mib", "state")
+        .values_list(
+            "pk",
+            "host_id",
+            "numa_cell",
+            "vcpus",
+            "memory_mib",
+            "state",
+            "checkpoint_interval_s",
+            "template__eviction_notice_s",
+        )
         .annotate(lent=Count("devices"), started=_Epoch(UNSAVED_SINCE))
         .order_by()
     )
     candidates: dict[int, list[Candidate]] = {}
-    for pk, host_id, cell, vcpus, memory, state, lent, started in rows:
+    for pk, host_id, cell, vcpus, memory, state, *saves, lent, started in rows:
         started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
-        cand = Candidate(str(pk), host_id, lent, vcpus, memory, started, cell)
+        cand = Candidate(
+            str(pk), host_id, lent, vcpus, memory, started, cell, *_next_save(started, *saves)
+        )
         candidates.setdefault(host_id, []).append(cand)
     if not candidates:
         return None
@@ -529,11 +555,15 @@ def checkpoint_report(*, vm: VirtualMachine) -> VirtualMachine:
     the guest's choice; claiming a checkpoint it did not make only gets it evicted first.
 
     Only a running guest's report counts (409 otherwise); no host is told anything. Like a
-    CPU sample it is an observation of the guest, kept on the VM (``checkpointed_at``), not
-    an action anyone took: it has no audit record."""
+    CPU sample it is an observation of the guest, kept on the VM (``checkpointed_at``, and
+    the interval since its save before or its start, ``checkpoint_interval_s``: when it
+    will likely save next), not an action anyone took: it has no audit record."""
     now = timezone.now()
+    # The SET reads the row as it was: the interval is from the save before (or the start).
     if not VirtualMachine.objects.filter(pk=vm.pk, state__in=_SAVES).update(
-        checkpointed_at=now, updated_at=now
+        checkpointed_at=now,
+        checkpoint_interval_s=Value(now.timestamp()) - _Epoch(UNSAVED_SINCE),
+        updated_at=now,
     ):
         state = VirtualMachine.objects.filter(pk=vm.pk).values_list("state", flat=True).first()
         raise Conflict(

@@ -29,7 +29,7 @@ def host(hid, free_per_cell=(0, 0), *, vcpus_free=0, memory_free=0, rack=""):
     )
 
 
-def spot(vm_id, host_id, gpus, cell=None, started=0.0):
+def spot(vm_id, host_id, gpus, cell=None, started=0.0, saves_at=None, notice_s=30.0):
     return Candidate(
         vm_id=vm_id,
         host_id=host_id,
@@ -38,6 +38,8 @@ def spot(vm_id, host_id, gpus, cell=None, started=0.0):
         memory_mib=57 * 1024 * gpus,
         started=started,
         cell=cell,
+        saves_at=saves_at,
+        notice_s=notice_s,
     )
 
 
@@ -124,6 +126,28 @@ def test_two_victims_that_just_saved_go_before_one_that_would_lose_work():
     # Of equal waste, the fewest VMs.
     cands[2] = [spot("big", 2, 4, cell=1, started=100)]
     assert choose_victims(hosts, cands, gpus(4)).victims == ("big",)
+
+
+def test_a_guest_expected_to_save_within_its_notice_wastes_only_what_follows_the_save():
+    # Now is 100 s. Host 2's VM has worked unsaved since 0 but is expected to save at
+    # ``saves_at``; host 1's has just saved (90 s). Within the 30 s notice, less the 5 s
+    # margin, the expected save makes host 2's the cheaper eviction: the stop at 130 s loses
+    # 130 - saves_at, against host 1's 40 s.
+    hosts = [host(1), host(2)]
+
+    def victims(saves_at, notice_s=30.0):
+        cands = {
+            1: [spot("saved", 1, 2, cell=0, started=90)],
+            2: [spot("due", 2, 2, cell=0, started=0, saves_at=saves_at, notice_s=notice_s)],
+        }
+        return choose_victims(hosts, cands, gpus(2)).victims
+
+    assert victims(saves_at=110) == ("due",)
+    assert victims(saves_at=125) == ("due",)  # the margin's edge
+    assert victims(saves_at=126) == ("saved",)  # may come after the stop
+    assert victims(saves_at=100) == ("saved",)  # due now, not reported: it did not save
+    assert victims(saves_at=110, notice_s=0.0) == ("saved",)  # no notice to save in
+    assert victims(saves_at=None) == ("saved",)
 
 
 def test_the_cost_per_evicted_gpu_weighs_gpus_freed_beyond_the_request_against_work_lost():

@@ -156,6 +156,11 @@ def test_metadata_records_a_running_guests_checkpoint_and_refuses_a_stopped_ones
     saved = fresh(running).checkpointed_at
     assert saved is not None
     assert answer.json()["checkpointed_at"].replace("Z", "+00:00") == saved.isoformat()
+    # The interval since its start (its first save): when Kumo expects the next.
+    since = fresh(running).running_since or fresh(running).created_at
+    assert answer.json()["checkpoint_interval_s"] == pytest.approx(
+        (saved - since).total_seconds(), abs=0.01
+    )
     services.vm_stop(vm=fresh(running))
     report(fresh(running), "shutoff")
     refused = _meta(fresh(running), "post", "metadata-spot-checkpoint")

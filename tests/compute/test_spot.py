@@ -236,6 +236,44 @@ def test_of_equally_few_victims_the_one_that_would_lose_the_least_work_goes(worl
     assert evicting == {big[1 if saved is None else saved].pk}
 
 
+@pytest.mark.parametrize("due_in_s, goes", [(10, 0), (27, 1), (40, 1)])
+def test_a_guest_expected_to_save_during_its_notice_goes_first(world, sent, due_in_s, goes):
+    # Host B's first guest saves every 30 minutes (its first report, 1,800 s after its
+    # start, says so) and is due to save again in ``due_in_s``; the second has just saved.
+    # Within the 30 s notice, less its 5 s margin, the first loses only what follows its
+    # save: it goes. Later, the one that just saved loses least.
+    big = world["big"]
+    now = timezone.now()
+    long_ago = now - timedelta(days=1)
+    VirtualMachine.objects.filter(pk__in=[v.pk for v in big]).update(created_at=long_ago)
+    VirtualMachine.objects.filter(pk=big[0].pk).update(running_since=now - timedelta(seconds=1800))
+    spot.checkpoint_report(vm=fresh(big[0]))
+    assert fresh(big[0]).checkpoint_interval_s == pytest.approx(1800, abs=1)
+    back = timedelta(seconds=1800 - due_in_s)
+    VirtualMachine.objects.filter(pk=big[0].pk).update(
+        running_since=now - timedelta(seconds=1800) - back, checkpointed_at=now - back
+    )
+    spot.checkpoint_report(vm=fresh(big[1]))
+    _on_demand(world, world["t4"])
+    (victim,) = VirtualMachine.objects.filter(state=VmState.EVICTING)
+    assert victim.pk == big[goes].pk
+
+
+def test_a_checkpoint_report_keeps_the_interval_since_the_save_before_or_the_start(world):
+    vm = world["big"][0]
+    ago = lambda s: timezone.now() - timedelta(seconds=s)  # noqa: E731
+    VirtualMachine.objects.filter(pk=vm.pk).update(created_at=ago(86400), running_since=ago(600))
+    spot.checkpoint_report(vm=fresh(vm))  # the first save since its start
+    assert fresh(vm).checkpoint_interval_s == pytest.approx(600, abs=1)
+    VirtualMachine.objects.filter(pk=vm.pk).update(checkpointed_at=ago(300))
+    spot.checkpoint_report(vm=fresh(vm))  # since the save before
+    assert fresh(vm).checkpoint_interval_s == pytest.approx(300, abs=1)
+    # Started again since its last save: the guest counts from its start.
+    VirtualMachine.objects.filter(pk=vm.pk).update(checkpointed_at=ago(300), running_since=ago(60))
+    spot.checkpoint_report(vm=fresh(vm))
+    assert fresh(vm).checkpoint_interval_s == pytest.approx(60, abs=1)
+
+
 def test_a_restart_counts_in_what_an_eviction_would_lose(world, sent):
     # Host B's first VM, stopped and started again after the second started: its work is
     # unsaved since that start, for less time, so it goes, though it was created first.

@@ -309,10 +309,13 @@ def test_a_running_spot_vm_shows_its_last_reported_checkpoint(login, project, cl
     client = login(cloud["users"][Role.READER])
     state = client.get(url("vm-state", project, pk=vm.pk)).content.decode()
     assert "No checkpoint reported by the guest" in state
+    started = timezone.now() - timedelta(seconds=600)
+    VirtualMachine.objects.filter(pk=vm.pk).update(created_at=started, running_since=started)
     spot.checkpoint_report(vm=vm)
     saved = VirtualMachine.objects.get(pk=vm.pk).checkpointed_at
     state = client.get(url("vm-state", project, pk=vm.pk)).content.decode()
     assert f"Last checkpoint reported by the guest: {saved:%Y-%m-%d %H:%M}." in state
+    assert "It came 600 s after the one before (or the start)" in state
 
 
 # --- networks ----------------------------------------------------------------------------------

@@ -86,6 +86,10 @@ def _vm_details(vm: VirtualMachine) -> None:
             ("launched", vm.launched_at),
             ("running since", vm.running_since),
             ("checkpointed", vm.checkpointed_at),
+            (
+                "checkpoints every",
+                f"{vm.checkpoint_interval_s:.0f} s" if vm.checkpoint_interval_s else None,
+            ),
         ]
     )
 

@@ -65,7 +65,8 @@ class VirtualMachine:
     (``evicted_at`` once done); a VM reclamation has scheduled shows ``reclaim_action``,
     ``reclaim_reason`` and ``reclaim_at``. ``running_since`` (its last start) and
     ``checkpointed_at`` (its guest's last reported checkpoint) say since when an eviction
-    would lose its work. ``operation`` is the URL of the operation that
+    would lose its work; ``checkpoint_interval_s`` (the interval before that checkpoint)
+    is when Kumo expects the next. ``operation`` is the URL of the operation that
     creates it, in a create's answer only."""
 
     id: str
@@ -95,6 +96,7 @@ class VirtualMachine:
     launched_at: datetime | None = None
     running_since: datetime | None = None
     checkpointed_at: datetime | None = None
+    checkpoint_interval_s: float | None = None
     deleted_at: datetime | None = None
     eviction_notice_at: datetime | None = None
     eviction_deadline: datetime | None = None
