@@ -150,6 +150,14 @@ class JoinedLookup:
         return None if found is None else found["m"]
 
 
+def pk_param(model, value, connection):
+    """``value``, a primary key of ``model`` as a caller names it (a str for a UUID), as
+    ``connection`` takes it in a lookup's params, converted as the ORM converts a lookup's
+    value: one that is no valid key raises as the ORM raises."""
+    key = model._meta.pk
+    return key.get_db_prep_value(key.to_python(value), connection)
+
+
 def _column_converters(field, table: str, connection):
     expression = field.get_col(table)
     backend = connection.ops.get_db_converters(expression)

@@ -12,7 +12,7 @@ from controlplane import audit, egress
 from controlplane.choices import AuditOutcome, OperationState
 from controlplane.errors import InvalidInput
 from controlplane.models import IdempotencyKey, Operation, Webhook
-from controlplane.rowjoin import Join, RowLookup
+from controlplane.rowjoin import Join, RowLookup, pk_param
 from tenants.models import Project
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,7 @@ def operation_finish(
             updated = Operation.objects.filter(
                 pk=operation_id, state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED
             ).update(**fields)
-    key = Operation._meta.pk
-    found = _OPERATION.first(key.get_db_prep_value(key.to_python(operation_id), connection))
+    found = _OPERATION.first(pk_param(Operation, operation_id, connection))
     operation = found and found["m"]
     if updated and operation is not None:
         with audit.controller():

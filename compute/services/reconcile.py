@@ -29,7 +29,7 @@ from compute.services.lifecycle import current_operation, desired_power, send_ap
 from compute.services.vms import vm_finish_delete
 from controlplane import agents, audit
 from controlplane.errors import Conflict
-from controlplane.rowjoin import JoinedLookup, RowLookup
+from controlplane.rowjoin import JoinedLookup, RowLookup, pk_param
 from controlplane.services import operation_create, operation_finish
 from tenants import usage
 
@@ -182,8 +182,7 @@ def _reported_vm(vm_id) -> VirtualMachine | None:
     no id or no such VM. An id that is no UUID is refused as the ORM refuses it."""
     if vm_id is None:
         return None
-    key = VirtualMachine._meta.pk
-    return _VM_LOCK.first(key.get_db_prep_value(key.to_python(vm_id), connection))
+    return _VM_LOCK.first(pk_param(VirtualMachine, vm_id, connection))
 
 
 @transaction.atomic
