@@ -149,12 +149,13 @@ UNSAVED_SINCE = Greatest(
 )
 
 
-def _next_save(started: float, interval: float | None, notice_s: int) -> tuple:
-    """A candidate's ``saves_at`` and ``notice_s`` (``compute.preemption.Candidate``): its
-    guest's next save expected one reported interval after its last (or its start)."""
+def _next_save(started: float, interval: float | None) -> float | None:
+    """When a spot VM's guest is expected to save next (``Candidate.saves_at``): one
+    reported interval after ``started``, its last save or start; None when it never
+    reported a save, or has nothing to lose."""
     if not interval or started >= NOTHING_TO_LOSE:
-        return None, notice_s
-    return started + interval, notice_s
+        return None
+    return started + interval
 
 
 # How far before the last read each update of the index reads changed spot VMs again: a
@@ -207,8 +208,21 @@ class _EvictableIndex:
     def _read(self, qs) -> None:
         borrowing = Exists(Device.objects.filter(vm_id=OuterRef("pk"), lease__isnull=False))
         rows = qs.values_list(*self._COLUMNS, _Epoch(UNSAVED_SINCE), borrowing).order_by()
-        for row in rows:
-            pk, host_id, cell, gpus, model, vcpus, memory, state, task, *saves, started, lent = row
+        for (
+            pk,
+            host_id,
+            cell,
+            gpus,
+            model,
+            vcpus,
+            memory,
+            state,
+            task,
+            interval,
+            notice,
+            started,
+            lent,
+        ) in rows:
             if state == VmState.STOPPED:
                 started = NOTHING_TO_LOSE
             vm_id = str(pk)
@@ -220,7 +234,15 @@ class _EvictableIndex:
             if state in EVICTABLE and not task and host_id is not None and not lent:
                 cell = cell if gpus else None
                 cand = Candidate(
-                    vm_id, host_id, gpus, vcpus, memory, started, cell, *_next_save(started, *saves)
+                    vm_id,
+                    host_id,
+                    gpus,
+                    vcpus,
+                    memory,
+                    started,
+                    cell,
+                    saves_at=_next_save(started, interval),
+                    notice_s=notice,
                 )
                 self.hosts.setdefault(host_id, {})[vm_id] = cand
                 self.where[vm_id] = host_id
@@ -361,10 +383,18 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
         .order_by()
     )
     candidates: dict[int, list[Candidate]] = {}
-    for pk, host_id, cell, vcpus, memory, state, *saves, lent, started in rows:
+    for pk, host_id, cell, vcpus, memory, state, interval, notice, lent, started in rows:
         started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
         cand = Candidate(
-            str(pk), host_id, lent, vcpus, memory, started, cell, *_next_save(started, *saves)
+            str(pk),
+            host_id,
+            lent,
+            vcpus,
+            memory,
+            started,
+            cell,
+            saves_at=_next_save(started, interval),
+            notice_s=notice,
         )
         candidates.setdefault(host_id, []).append(cand)
     if not candidates:
