@@ -149,13 +149,27 @@ UNSAVED_SINCE = Greatest(
 )
 
 
-def _next_save(started: float, interval: float | None) -> float | None:
-    """When a spot VM's guest is expected to save next (``Candidate.saves_at``): one
-    reported interval after ``started``, its last save or start; None when it never
-    reported a save, or has nothing to lose."""
-    if not interval or started >= NOTHING_TO_LOSE:
-        return None
-    return started + interval
+def _candidate(
+    vm_id: str,
+    host_id: int,
+    gpus: int,
+    vcpus: int,
+    memory_mib: int,
+    cell,
+    state: str,
+    started: float,
+    interval: float | None,
+    notice_s: int,
+) -> Candidate:
+    """A spot VM as preemption weighs it (its row's values; ``started``: ``UNSAVED_SINCE``
+    in seconds since 1970). A stopped one has nothing to lose. A guest that reported a save
+    is expected to save again one reported ``interval`` after its last save or start."""
+    if state == VmState.STOPPED:
+        started = NOTHING_TO_LOSE
+    saves_at = started + interval if interval and started < NOTHING_TO_LOSE else None
+    return Candidate(
+        vm_id, host_id, gpus, vcpus, memory_mib, started, cell, saves_at=saves_at, notice_s=notice_s
+    )
 
 
 # How far before the last read each update of the index reads changed spot VMs again: a
@@ -223,8 +237,6 @@ class _EvictableIndex:
             started,
             lent,
         ) in rows:
-            if state == VmState.STOPPED:
-                started = NOTHING_TO_LOSE
             vm_id = str(pk)
             before = self.where.pop(vm_id, None)
             if before is not None:
@@ -233,16 +245,8 @@ class _EvictableIndex:
             self.model.pop(vm_id, None)
             if state in EVICTABLE and not task and host_id is not None and not lent:
                 cell = cell if gpus else None
-                cand = Candidate(
-                    vm_id,
-                    host_id,
-                    gpus,
-                    vcpus,
-                    memory,
-                    started,
-                    cell,
-                    saves_at=_next_save(started, interval),
-                    notice_s=notice,
+                cand = _candidate(
+                    vm_id, host_id, gpus, vcpus, memory, cell, state, started, interval, notice
                 )
                 self.hosts.setdefault(host_id, {})[vm_id] = cand
                 self.where[vm_id] = host_id
@@ -384,17 +388,8 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
     )
     candidates: dict[int, list[Candidate]] = {}
     for pk, host_id, cell, vcpus, memory, state, interval, notice, lent, started in rows:
-        started = NOTHING_TO_LOSE if state == VmState.STOPPED else started
-        cand = Candidate(
-            str(pk),
-            host_id,
-            lent,
-            vcpus,
-            memory,
-            started,
-            cell,
-            saves_at=_next_save(started, interval),
-            notice_s=notice,
+        cand = _candidate(
+            str(pk), host_id, lent, vcpus, memory, cell, state, started, interval, notice
         )
         candidates.setdefault(host_id, []).append(cand)
     if not candidates:
