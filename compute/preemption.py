@@ -227,9 +227,10 @@ def _first_key(
     # whatever their cells: no set that frees them in one cell wastes less.
     need = req.gpus - max(map(len, host.cells.values()), default=0)
     left, least = need, 0.0
-    for cand in sorted([c for c in cands if c.gpus], key=cost.per_gpu):
-        taken = min(left, cand.gpus)
-        least += taken * cost.per_gpu(cand)
+    wastes = sorted((cost.per_gpu(c), i) for i, c in enumerate(cands) if c.gpus)
+    for waste, i in wastes:
+        taken = min(left, cands[i].gpus)
+        least += taken * waste
         left -= taken
         if not left:
             return (spoils, least, 1, need)
