@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from functools import cached_property
@@ -469,14 +470,37 @@ class Netlink:
                 raise NetworkDriverError(f"sysctl {key}={value}: {e}", errno=e.errno) from e
 
     def add_netns(self, name: str) -> None:
-        """A named network namespace (``ip netns add``), with its loopback up."""
+        """A named network namespace (``ip netns add``), with its loopback up.
+
+        Made as ``ip netns add`` makes it (a new namespace, bound to ``/run/netns/<name>``),
+        by a short-lived thread of this process: a thread's network namespace is its own.
+        pyroute2's ``netns.create`` forks a child for it and waits 2 s for its answer; an
+        agent's large process forked on a loaded host can take longer ("no response from
+        the child"), and the namespace is then not made."""
         self.writes += 1
+        failed: list[OSError] = []
+
+        def made_inside() -> None:
+            try:
+                if _libc.unshare(_CLONE_NEWNET):
+                    err = ctypes.get_errno()
+                    raise OSError(err, os.strerror(err))
+                pyroute2_netns.attach(name, "thread-self")  # binds /proc/thread-self/ns/net
+            except OSError as e:
+                failed.append(e)
+
+        thread = threading.Thread(target=made_inside, name=f"netns {name}")
+        thread.start()
+        thread.join()
+        if failed:
+            error = failed[0]
+            raise NetworkDriverError(f"add netns {name}: {error}", errno=error.errno) from error
+        inside = Netlink(name)
         try:
-            pyroute2_netns.create(name)
-        except OSError as e:
-            raise NetworkDriverError(f"add netns {name}: {e}", errno=e.errno) from e
-        with IPRoute(netns=name) as inside:
-            self._write(f"lo up in {name}", inside.link, "set", index=1, state="up")
+            inside.set_link(1, "lo", up=True)
+        finally:
+            self.writes += inside.writes
+            inside.close()
 
     def delete_netns(self, name: str) -> None:
         """Remove a named namespace; every device in it goes with it (a veth's peer too).

@@ -255,3 +255,35 @@ def test_deleting_a_namespace_stops_what_still_runs_inside():
     finally:
         inside.kill()
         subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+@needs_root
+def test_a_namespace_is_made_with_its_loopback_up_and_the_caller_stays_where_it_was():
+    """``add_netns`` makes the namespace from a thread of its own, not a forked child: the
+    calling thread's namespace is the host's before and after, the new one holds only its
+    loopback, up, and seen by ``ip`` as any named namespace; a name taken is an error."""
+    name = f"kn{uuid.uuid4().hex[:6]}"
+    home = os.stat("/proc/thread-self/ns/net").st_ino
+    nl = Netlink()
+    try:
+        nl.add_netns(name)
+        assert os.stat("/proc/thread-self/ns/net").st_ino == home
+        assert os.stat(f"{netlink.NETNS_DIR}/{name}").st_ino != home
+        assert name in netlink.netns_names() and nl.writes == 2  # the namespace, lo up
+        inside = Netlink(name)
+        links = inside.links()
+        inside.close()
+        assert list(links) == ["lo"] and links["lo"].up
+        shown = subprocess.run(
+            ["ip", "netns", "exec", name, "ip", "-o", "link"],
+            capture_output=True, text=True, check=True, timeout=30,
+        )  # fmt: skip
+        assert shown.stdout.count("\n") == 1 and "LOOPBACK,UP" in shown.stdout
+        with pytest.raises(NetworkDriverError) as failed:
+            nl.add_netns(name)
+        assert failed.value.errno == errno.EEXIST and f"add netns {name}" in str(failed.value)
+        assert os.stat("/proc/thread-self/ns/net").st_ino == home
+    finally:
+        nl.delete_netns(name)
+        nl.close()
+    assert name not in netlink.netns_names()
