@@ -1,7 +1,10 @@
 """The reports of a host where nothing happened take a short way (``compute.services.steady``,
 the heartbeat's and the network report's ``_in_step``): they record the observation and
 nothing else. Anything that differs, on the host's side or in the database, still takes the
-full way, so no change is ever lost to the short one."""
+full way, so no change is ever lost to the short one.
+
+The short way's statements are PostgreSQL's: on the embedded SQLite every report takes the
+full way, which records the same; there the statements are not counted."""
 
 from datetime import timedelta
 
@@ -20,6 +23,8 @@ from tests.compute.test_vms import fresh, report
 from tests.factories import enroll_network, make_host, make_vm
 
 pytestmark = pytest.mark.django_db
+
+SHORT_WAY = connection.vendor == "postgresql"
 
 NOTHING = {"reissued": [], "settled": [], "orphans_destroyed": []}
 
@@ -55,9 +60,10 @@ def test_a_report_that_says_what_is_recorded_writes_the_observation_only(project
     # The host's row with its VMs, the VMs' observation (in a savepoint here, in a test's
     # transaction: a transaction of its own in the controller).
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(statements) == 2
     after = fresh(vm)
-    assert after.updated_at == vm.updated_at  # nothing of the VM changed
+    if SHORT_WAY:
+        assert len(statements) == 2
+        assert after.updated_at == vm.updated_at  # nothing of the VM changed
     assert after.cpu_time_ns == 10**9 and after.cpu_sampled_at is not None
     assert after.power_observed_at is not None and after.active_at is not None
     assert Host.objects.get(pk=host.pk).guests_reported_at == at
@@ -137,7 +143,8 @@ def test_a_heartbeat_that_says_still_here_moves_the_time_only(db):
     later = first + timedelta(seconds=10)
     with CaptureQueriesContext(connection) as queries:
         services.host_heartbeat_reported(host=host.name, payload=payload, sent_at=later)
-    assert len(queries.captured_queries) == 1
+    if SHORT_WAY:
+        assert len(queries.captured_queries) == 1
     host.refresh_from_db()
     assert host.last_heartbeat_at == later and host.agent_version == "1"
     # An upgraded agent says so: recorded.
@@ -167,7 +174,8 @@ def test_a_network_report_of_a_converged_host_moves_the_time_only(db):
     later = at + timedelta(seconds=30)
     with CaptureQueriesContext(connection) as queries:
         network.host_network_reported(host=host.name, payload=_net_payload(row), sent_at=later)
-    assert len(queries.captured_queries) == 1
+    if SHORT_WAY:
+        assert len(queries.captured_queries) == 1
     after = HostNetwork.objects.get(host=host)
     assert after.reported_at == later and after.applied_at == row.applied_at
 
