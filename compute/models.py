@@ -382,9 +382,10 @@ class VirtualMachine(ProjectOwnedModel):
     evicted_host = models.ForeignKey(
         Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # A pending on-demand VM waiting for spot VMs on this host to be evicted for it.
+    # A pending on-demand VM waiting for spot VMs on this host to be evicted for it (indexed
+    # where set: ``vm_reserved_host``).
     reserved_host = models.ForeignKey(
-        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Host, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     # Idleness, from the CPU time its host reports (``compute.services.reclaim``).
     cpu_time_ns = models.PositiveBigIntegerField(null=True, blank=True)
@@ -435,6 +436,15 @@ class VirtualMachine(ProjectOwnedModel):
                 fields=SIZE,
                 condition=QUEUED & PLAIN_SPOT & UNTOLD,
                 name="vm_queue_spot_untold",
+            ),
+            # The few VMs waiting for a hand-over, which every load of the hosts' view reads
+            # (``compute.placement._open_hosts``): an index of the whole column would hold
+            # every VM, all but a handful without a host reserved, and SQLite's planner,
+            # seeing one value throughout, read the queue of pending VMs instead.
+            models.Index(
+                fields=["reserved_host"],
+                condition=Q(reserved_host__isnull=False),
+                name="vm_reserved_host",
             ),
         ]
         verbose_name = "virtual machine"

@@ -581,10 +581,13 @@ class Replay:
         from compute.choices import VmState
         from compute.models import VirtualMachine
 
-        evicted = list(
+        # Sorted here, not by the database: SQLite would read the whole table in key order
+        # rather than sort the few evicted VMs its index on state finds.
+        evicted = sorted(
             VirtualMachine.objects.filter(state=VmState.EVICTED, evicted_at=self.now())
             .select_related("project")
-            .order_by("pk")
+            .order_by(),
+            key=lambda vm: vm.pk,
         )
         for vm in evicted:
             record = self.vms[str(vm.pk)]
