@@ -21,7 +21,12 @@ The rule, for one request:
   last save, only the work after that save, which the stop at the notice's end loses)
   plus ``cost_s``, what every evicted GPU costs beyond that (the rest of its notice, its
   stop, its boot when started again: ``KUMO_SPOT_EVICTION_COST_S``). A stopped VM wastes
-  nothing (``NOTHING_TO_LOSE``). Then it has the fewest VMs, then frees the fewest GPUs.
+  nothing (``NOTHING_TO_LOSE``). A guest expected to save a little after its notice would
+  end, within ``stretch_s`` (``KUMO_SPOT_NOTICE_STRETCH_S``), gets a notice that lasts until
+  5 s after that save: it loses those 5 s, and every running victim of the set is stopped
+  at the latest deadline (``Preemption.deadline``), so the GPUs of those whose own notice
+  ended sooner, and for the added time the free GPUs the request takes, wait idle, which
+  counts in the waste. Then it has the fewest VMs, then frees the fewest GPUs.
   So two VMs that have just saved their work go before one that would lose twenty
   minutes; a larger ``cost_s`` weighs the GPUs freed beyond the request more against the
   work saved. vCPUs and memory short after the GPUs are freed are covered
@@ -81,29 +86,69 @@ class Preemption:
     host_name: str
     victims: tuple[str, ...]
     gpus_freed: int = 0
+    # When the running victims are stopped (seconds since 1970): the latest of their
+    # notices' ends, or of the saves waited for.
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True)
 class _Cost:
-    """What evicting a candidate wastes per GPU, at ``now`` (seconds since 1970)."""
+    """What evicting a candidate wastes per GPU, at ``now`` (seconds since 1970), and when
+    its guest is stopped: at its notice's end, or, when its guest is expected to save a
+    little after that (within ``stretch_s``), just after that save."""
 
     now: float
     cost_s: float
+    stretch_s: float = 0.0
+
+    def deadline(self, cand: Candidate) -> float:
+        """When ``cand``'s guest is stopped if evicted now (seconds since 1970)."""
+        if cand.started >= NOTHING_TO_LOSE:
+            return self.now  # stopped: nothing to give notice to
+        end = self.now + cand.notice_s
+        saves_at = cand.saves_at
+        if saves_at is not None and end < saves_at + SAVE_MARGIN_S <= end + self.stretch_s:
+            return saves_at + SAVE_MARGIN_S  # waits for the save due just after the notice
+        return end
 
     def per_gpu(self, cand: Candidate) -> float:
         if cand.started >= NOTHING_TO_LOSE:
             return 0.0  # stopped: no work lost, and no guest to stop and boot again
         saves_at = cand.saves_at
-        if saves_at is not None and self.now < saves_at <= self.now + cand.notice_s - SAVE_MARGIN_S:
-            # It saves during its notice: the stop at the notice's end loses only what
-            # follows the save, not the work since ``started``.
-            return max(0.0, self.cost_s - (saves_at - self.now))
+        deadline = self.deadline(cand)
+        if saves_at is not None and self.now < saves_at <= deadline - SAVE_MARGIN_S:
+            # It saves before it is stopped: the stop loses only what follows the save,
+            # not the work since ``started``; a notice made longer for the save costs
+            # what the guest does after it.
+            stretched = deadline - (self.now + cand.notice_s)
+            return max(0.0, self.cost_s - (saves_at - self.now) + stretched)
         return max(0.0, self.now - cand.started) + self.cost_s
 
-    def key(self, victims: Sequence[Candidate], spoils: int) -> tuple:
+    def key(
+        self,
+        victims: Sequence[Candidate],
+        spoils: int,
+        idle: int = 0,
+        noticed: Sequence[Candidate] | None = None,
+    ) -> tuple:
+        """``idle``: the GPUs free now that the request takes beside the victims'.
+        ``noticed``: the candidates whose notices, none made longer, would end the wait
+        (the victims unless given: a lower bound gives them all)."""
+        deadlines = [self.deadline(v) for v in victims]
+        last = max(deadlines, default=self.now)
+        noticed = victims if noticed is None else noticed
+        ends = [self.now + v.notice_s for v in noticed if v.started < NOTHING_TO_LOSE]
         return (
             spoils,
-            sum(v.gpus * self.per_gpu(v) for v in victims),
+            # Every running victim is stopped at the last one's deadline: the GPUs of
+            # those whose notice alone would have ended sooner wait for it, and so do,
+            # for as long as a notice was made longer, the free GPUs the request takes,
+            # which no one else may take meanwhile.
+            sum(
+                v.gpus * (self.per_gpu(v) + (last - d if v.started < NOTHING_TO_LOSE else 0.0))
+                for v, d in zip(victims, deadlines, strict=True)
+            )
+            + idle * (last - max(ends, default=last)),
             len(victims),
             sum(v.gpus for v in victims),
         )
@@ -172,7 +217,8 @@ def _on_host(
         if sum(free.values()) + sum(c.gpus for c in with_gpus) < host.gpus_total:
             return None  # a GPU is held by a VM that is not a candidate
         victims = _add_cpu(host, req, tuple(with_gpus), cpu_only)
-        if victims is None or (key := cost.key(victims, spoils)) >= best_key:
+        idle = sum(free.values())
+        if victims is None or (key := cost.key(victims, spoils, idle)) >= best_key:
             return None
         return key, victims
     found: tuple[tuple, tuple[Candidate, ...]] | None = None
@@ -198,9 +244,10 @@ def _on_host(
                 for combo in itertools.combinations(in_cell, k)
                 if sum(counted[c.vm_id] for c in combo) >= need
             )
+        idle = min(free.get(cell, 0), req.gpus)
         for combo in options:
             victims = _add_cpu(host, req, combo, cpu_only)
-            if victims is not None and (key := cost.key(victims, spoils)) < found_key:
+            if victims is not None and (key := cost.key(victims, spoils, idle)) < found_key:
                 found, found_key = (key, victims), key
     return found
 
@@ -220,8 +267,10 @@ def _first_key(
         held = sum(c.gpus for c in cands)
         if sum(map(len, host.cells.values())) + held < host.gpus_total:
             return None  # a GPU is held by a VM that is not a candidate
+        # The free GPUs wait past the latest notice of any candidate, at least.
         with_gpus = [c for c in cands if c.gpus]
-        return (spoils, *cost.key(with_gpus, spoils)[1:])
+        idle = sum(map(len, host.cells.values()))
+        return (spoils, *cost.key(with_gpus, spoils, idle, noticed=cands)[1:])
     # The GPUs its fullest cell lacks, taken from the candidates that waste least per GPU
     # (those about to save, then those unsaved since the latest), the last one in part,
     # whatever their cells: no set that frees them in one cell wastes less.
@@ -244,12 +293,13 @@ def choose_victims(
     *,
     now: float,
     cost_s: float,
+    stretch_s: float = 0.0,
 ) -> Preemption | None:
     """The best preemption for ``req`` over ``hosts`` at ``now`` (see the module's rule), or
     ``None`` when evicting candidates cannot make it fit anywhere. ``candidates`` maps a
     host id to its evictable VMs; hosts without candidates are passed over (the request
     does not fit there, or placement would have found them)."""
-    cost = _Cost(now, cost_s)
+    cost = _Cost(now, cost_s, stretch_s)
     best_key, best_host, best_victims = NONE_FOUND, None, ()
     staged = []
     for host in hosts:
@@ -273,4 +323,5 @@ def choose_victims(
         host_name=best_host.name,
         victims=tuple(v.vm_id for v in best_victims),
         gpus_freed=sum(v.gpus for v in best_victims),
+        deadline=max(map(cost.deadline, best_victims), default=now),
     )

@@ -361,6 +361,11 @@ SPOT_STOP_GRACE_S = float(os.environ.get("KUMO_SPOT_STOP_GRACE_S", "10"))
 # GPU-seconds (compute.preemption): a larger cost frees fewer GPUs beyond the request, at
 # the price of more work lost.
 SPOT_EVICTION_COST_S = float(os.environ.get("KUMO_SPOT_EVICTION_COST_S", "120"))
+# KUMO_SPOT_NOTICE_STRETCH_S: how much longer than its template's a victim's notice may be
+# made to wait for the save its guest is expected to make just after the notice would end
+# (from the checkpoints it reported): the on-demand request waits up to this much longer,
+# and the spot work since that guest's last save is kept. 0 never waits for a save.
+SPOT_NOTICE_STRETCH_S = float(os.environ.get("KUMO_SPOT_NOTICE_STRETCH_S", "45"))
 # KUMO_SPOT_REAP_S: how often beat stops the spot VMs whose notice has ended (seconds; a
 # notice may run over by up to this much).
 SPOT_REAP_S = float(os.environ.get("KUMO_SPOT_REAP_S", "5"))

@@ -7,8 +7,11 @@ and all that follows VM states see it) kept in the database for a restarted cont
    ``compute.preemption`` for the best victims on one host (a VM in a lease: among the
    spot VMs borrowing its lease's idle GPUs, ``compute.placement._place_borrowing``).
    Each victim moves to ``evicting`` with ``eviction_deadline`` = now + its template's
-   ``eviction_notice_s`` (an event ``vm.eviction_notice`` tells its project, webhooks and
-   the guest's metadata endpoint); the on-demand VM stays ``pending`` with
+   ``eviction_notice_s``, or later: the decision's deadline (``Preemption.deadline``: a
+   notice made up to ``KUMO_SPOT_NOTICE_STRETCH_S`` longer for a guest expected to save
+   just after it, and every running victim stopped with the last) (an event
+   ``vm.eviction_notice`` tells its project, webhooks and the guest's metadata endpoint,
+   with its deadline); the on-demand VM stays ``pending`` with
    ``reserved_host`` set, which keeps the periodic placement from placing it elsewhere
    meanwhile.
 2. While the notice runs the guest keeps running. When the deadline passes
@@ -40,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -409,6 +412,7 @@ def _choose(hosts, candidates, req) -> Preemption | None:
         req,
         now=timezone.now().timestamp(),
         cost_s=settings.SPOT_EVICTION_COST_S,
+        stretch_s=settings.SPOT_NOTICE_STRETCH_S,
     )
 
 
@@ -438,7 +442,8 @@ def preempt_for(vm: VirtualMachine) -> Preemption | None:
                 # The victims' trails name the scheduler, never this request's user,
                 # address or VM (the victims may be other projects').
                 with audit.acting_as("scheduler"):
-                    deadlines = [notify(victim, vm, now) for victim in victims]
+                    until = datetime.fromtimestamp(decision.deadline, UTC)
+                    deadlines = [notify(victim, vm, now, until=until) for victim in victims]
             break
         except Conflict as e:
             log.info("vm %s: preemption on %s abandoned: %s", vm.pk, decision.host_name, e)
@@ -515,11 +520,16 @@ def notify(
     now: datetime,
     *,
     why: str = "to make room for an on-demand VM",
+    until: datetime | None = None,
 ) -> datetime:
-    """One victim's notice: evicting, with its deadline (a stopped one has no notice).
-    ``waiter``: the on-demand VM the room is for (None: a lease's GPUs)."""
+    """One victim's notice: evicting, with its deadline (a stopped one has no notice): its
+    template's notice, or ``until`` when that is later (the preemption waits for a save,
+    or for another victim's). ``waiter``: the on-demand VM the room is for (None: a
+    lease's GPUs)."""
     running = victim.state == VmState.RUNNING
     deadline = now + timedelta(seconds=victim.template.eviction_notice_s if running else 0)
+    if running and until is not None:
+        deadline = max(deadline, until)
     transition(
         victim,
         state=VmState.EVICTING,

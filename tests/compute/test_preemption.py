@@ -150,6 +150,71 @@ def test_a_guest_expected_to_save_within_its_notice_wastes_only_what_follows_the
     assert victims(saves_at=None) == ("saved",)
 
 
+def test_a_notice_is_made_longer_for_a_save_expected_just_after_it_within_the_stretch():
+    # Now is 100 s, the notice 30 s, the stretch 45 s: a guest expected to save at 140 s is
+    # stopped at 145 s (the save and its 5 s margin), losing 5 s of work, not its 140 s since
+    # 0; host 1's just-saved VM would lose 10 s. Past 175 s the notice is not stretched.
+    hosts = [host(1), host(2)]
+
+    def decision(saves_at, stretch_s=45.0):
+        cands = {
+            1: [spot("saved", 1, 2, cell=0, started=90)],
+            2: [spot("due", 2, 2, cell=0, started=0, saves_at=saves_at)],
+        }
+        return choose_victims(hosts, cands, gpus(2), stretch_s=stretch_s)
+
+    assert (decision(140).victims, decision(140).deadline) == (("due",), 145.0)
+    assert (decision(170).victims, decision(170).deadline) == (("due",), 175.0)
+    assert (decision(171).victims, decision(171).deadline) == (("saved",), 130.0)
+    assert decision(140, stretch_s=0.0).victims == ("saved",)
+    # A save within the notice needs no stretch: the stop comes at the notice's end.
+    assert (decision(110).victims, decision(110).deadline) == (("due",), 130.0)
+
+
+def test_every_running_victim_stops_at_the_last_deadline_and_the_wait_is_weighed():
+    # 4 GPUs wanted, each evicted GPU costing 10 s. Host 1: a VM due to save at 160 s
+    # (stopped at 165 s, wasting nothing beyond the cost, less than the notice) beside one
+    # that saved at 90 s, whose 2 GPUs then wait 35 s for it: 2 x 0 + 2 x (20 + 35) = 110.
+    # Host 2: two VMs unsaved since 85 s waste 4 x 25 = 100 and go; unsaved since 60 s they
+    # would waste 200, and host 1's go, every one stopped at 165 s.
+    hosts = [host(1), host(2)]
+
+    def decision(started_2):
+        cands = {
+            1: [
+                spot("due", 1, 2, cell=0, started=0, saves_at=160),
+                spot("fresh", 1, 2, cell=0, started=90),
+            ],
+            2: [
+                spot("b1", 2, 2, cell=0, started=started_2),
+                spot("b2", 2, 2, cell=0, started=started_2),
+            ],
+        }
+        return choose_victims(hosts, cands, gpus(4), stretch_s=45.0)
+
+    assert decision(started_2=85).host_id == 2
+    chosen = decision(started_2=60)
+    assert (chosen.host_id, sorted(chosen.victims), chosen.deadline) == (1, ["due", "fresh"], 165.0)
+
+
+def test_free_gpus_the_request_takes_wait_idle_while_a_notice_is_made_longer():
+    # 4 GPUs wanted, each evicted GPU costing 100 s; both hosts have 2 GPUs free in cell 0
+    # and a 2-GPU spot VM there. Host 1's is due to save at 160 s (stopped at 165 s: 2 x 75)
+    # but its 2 free GPUs then wait 35 s past the notice's end (2 x 35): 220. Host 2's just
+    # saved and stops at 130 s: 2 x 100 = 200, and goes. Unsaved since 70 s it would cost 260.
+    def decision(started_2):
+        free = {"vcpus_free": 32, "memory_free": 2 * 57 * 1024}
+        hosts = [host(1, (2, 0), **free), host(2, (2, 0), **free)]
+        cands = {
+            1: [spot("due", 1, 2, cell=0, started=0, saves_at=160)],
+            2: [spot("fresh", 2, 2, cell=0, started=started_2)],
+        }
+        return choose_victims(hosts, cands, gpus(4), cost_s=100.0, stretch_s=45.0)
+
+    assert (decision(100).victims, decision(100).deadline) == (("fresh",), 130.0)
+    assert (decision(70).victims, decision(70).deadline) == (("due",), 165.0)
+
+
 def test_the_cost_per_evicted_gpu_weighs_gpus_freed_beyond_the_request_against_work_lost():
     # 2 GPUs wanted: host 1's 2-GPU VM, unsaved for 90 s, or its 4-GPU VM, unsaved for 10 s
     # (2 GPUs beyond the request freed). At 10 s a GPU the 4-GPU VM wastes less (80

@@ -236,12 +236,27 @@ def test_of_equally_few_victims_the_one_that_would_lose_the_least_work_goes(worl
     assert evicting == {big[1 if saved is None else saved].pk}
 
 
-@pytest.mark.parametrize("due_in_s, goes", [(10, 0), (27, 1), (40, 1)])
-def test_a_guest_expected_to_save_during_its_notice_goes_first(world, sent, due_in_s, goes):
+@pytest.mark.parametrize(
+    "stretch_s, due_in_s, goes, notice_s",
+    [
+        (0, 10, 0, 30),
+        (0, 27, 1, 30),
+        (0, 40, 1, 30),
+        (45, 10, 0, 30),
+        (45, 27, 0, 32),  # the notice waits for the save, and its margin
+        (45, 70, 0, 75),
+        (45, 71, 1, 30),  # beyond the stretch: the one that just saved goes
+    ],
+)
+def test_a_guest_expected_to_save_during_its_notice_goes_first(
+    world, sent, settings, stretch_s, due_in_s, goes, notice_s
+):
     # Host B's first guest saves every 30 minutes (its first report, 1,800 s after its
     # start, says so) and is due to save again in ``due_in_s``; the second has just saved.
-    # Within the 30 s notice, less its 5 s margin, the first loses only what follows its
-    # save: it goes. Later, the one that just saved loses least.
+    # Within the 30 s notice, less its 5 s margin, or within ``KUMO_SPOT_NOTICE_STRETCH_S``
+    # more, the first loses only what follows its save: it goes, and its notice lasts until
+    # the save and the margin. Later, the one that just saved loses least.
+    settings.SPOT_NOTICE_STRETCH_S = stretch_s
     big = world["big"]
     now = timezone.now()
     long_ago = now - timedelta(days=1)
@@ -254,9 +269,12 @@ def test_a_guest_expected_to_save_during_its_notice_goes_first(world, sent, due_
         running_since=now - timedelta(seconds=1800) - back, checkpointed_at=now - back
     )
     spot.checkpoint_report(vm=fresh(big[1]))
-    _on_demand(world, world["t4"])
+    vm = _on_demand(world, world["t4"])
     (victim,) = VirtualMachine.objects.filter(state=VmState.EVICTING)
     assert victim.pk == big[goes].pk
+    notice = (victim.eviction_deadline - victim.eviction_notice_at).total_seconds()
+    assert notice == pytest.approx(notice_s, abs=1)
+    assert victim.eviction_deadline.isoformat() in vm.state_reason
 
 
 def test_a_checkpoint_report_keeps_the_interval_since_the_save_before_or_the_start(world):
