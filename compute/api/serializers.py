@@ -380,6 +380,10 @@ class ReclamationThresholdsSerializer(serializers.Serializer):
     spot_eviction_cost_s = serializers.FloatField(
         help_text="what preemption counts per evicted GPU beyond the work it loses"
     )
+    spot_notice_stretch_s = serializers.FloatField(
+        help_text="how much longer than its template's an eviction notice may run, to "
+        "wait for a save its guest is expected to make just after it"
+    )
 
 
 class ReclamationStepSerializer(serializers.Serializer):

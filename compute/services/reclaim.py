@@ -308,6 +308,7 @@ def thresholds() -> dict:
         "expired_delete_grace_s": settings.RECLAIM_EXPIRED_GRACE_S,
         "spot_stop_grace_s": settings.SPOT_STOP_GRACE_S,
         "spot_eviction_cost_s": settings.SPOT_EVICTION_COST_S,
+        "spot_notice_stretch_s": settings.SPOT_NOTICE_STRETCH_S,
     }
 
 

@@ -198,6 +198,7 @@ def test_the_seed_holds_the_token_readable_by_root_only(tmp_path):
 def test_the_report_shows_thresholds_minimum_and_schedule(client_for, project, running, settings):
     settings.IDLE_AFTER_S = 1234
     settings.SPOT_EVICTION_COST_S = 90.0
+    settings.SPOT_NOTICE_STRETCH_S = 20.0
     services.guarantee_set(project=project, min_gpus=4)
     _expire(project)
     services.reclaim_run()
@@ -205,6 +206,7 @@ def test_the_report_shows_thresholds_minimum_and_schedule(client_for, project, r
     body = client_for(project.owner).get(url).json()
     assert body["min_gpus"] == 4 and body["thresholds"]["idle_after_s"] == 1234
     assert body["thresholds"]["spot_eviction_cost_s"] == 90.0  # how victims are weighed
+    assert body["thresholds"]["spot_notice_stretch_s"] == 20.0  # how long a notice may run
     assert body["scheduled"][0]["vm"] == str(running.pk)
     assert body["scheduled"][0]["action"] == "stop"
 

@@ -276,6 +276,7 @@ def test_the_reclamation_page_shows_the_minimum_and_the_schedule(login, project,
     assert '<div class="value" id="min-gpus">2</div>' in html
     assert "idle-one" in html and "idle for 7 days" in html and f"{when:%Y-%m-%d %H:%M}" in html
     assert "the fewest GPU-seconds: the work since their last checkpoint, plus 0:02:00" in html
+    assert "may run up to 0:00:45 longer than the template&#x27;s" in html
 
 
 def test_a_vm_is_launched_in_a_placement_group_of_the_project_only(login, project, cloud):

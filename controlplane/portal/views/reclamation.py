@@ -57,6 +57,15 @@ def reclamation(request, project):
                 "cost": _duration(t["spot_eviction_cost_s"]),
             },
         ),
+        (
+            _("Spot notices"),
+            _(
+                "an eviction notice may run up to %(stretch)s longer than the template's, "
+                "to end just after a save its guest is expected to make then (from the "
+                "checkpoints it reported)"
+            )
+            % {"stretch": _duration(t["spot_notice_stretch_s"])},
+        ),
     ]
     return page(
         request,

@@ -160,6 +160,7 @@ class ReclamationThresholds:
     expired_delete_grace_s: int = 0
     spot_stop_grace_s: float = 0.0
     spot_eviction_cost_s: float = 0.0
+    spot_notice_stretch_s: float = 0.0
 
 
 @dataclass(frozen=True)
