@@ -107,7 +107,11 @@ class _Cost:
             return self.now  # stopped: nothing to give notice to
         end = self.now + cand.notice_s
         saves_at = cand.saves_at
-        if saves_at is not None and end < saves_at + SAVE_MARGIN_S <= end + self.stretch_s:
+        if (
+            saves_at is not None
+            and cand.notice_s > 0  # a template without notice gets none
+            and end < saves_at + SAVE_MARGIN_S <= end + self.stretch_s
+        ):
             return saves_at + SAVE_MARGIN_S  # waits for the save due just after the notice
         return end
 

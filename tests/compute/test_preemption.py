@@ -167,6 +167,11 @@ def test_a_notice_is_made_longer_for_a_save_expected_just_after_it_within_the_st
     assert (decision(170).victims, decision(170).deadline) == (("due",), 175.0)
     assert (decision(171).victims, decision(171).deadline) == (("saved",), 130.0)
     assert decision(140, stretch_s=0.0).victims == ("saved",)
+    # A template without notice gets none, stretched or not.
+    cands_0 = {1: [spot("saved", 1, 2, cell=0, started=90)]}
+    cands_0[2] = [spot("due", 2, 2, cell=0, started=0, saves_at=110, notice_s=0.0)]
+    chosen = choose_victims(hosts, cands_0, gpus(2), stretch_s=45.0)
+    assert (chosen.victims, chosen.deadline) == (("saved",), 130.0)
     # A save within the notice needs no stretch: the stop comes at the notice's end.
     assert (decision(110).victims, decision(110).deadline) == (("due",), 130.0)
 
