@@ -119,13 +119,14 @@ class _Cost:
         if cand.started >= NOTHING_TO_LOSE:
             return 0.0  # stopped: no work lost, and no guest to stop and boot again
         saves_at = cand.saves_at
-        deadline = self.deadline(cand)
-        if saves_at is not None and self.now < saves_at <= deadline - SAVE_MARGIN_S:
-            # It saves before it is stopped: the stop loses only what follows the save,
-            # not the work since ``started``; a notice made longer for the save costs
-            # what the guest does after it.
-            stretched = deadline - (self.now + cand.notice_s)
-            return max(0.0, self.cost_s - (saves_at - self.now) + stretched)
+        if saves_at is not None and self.now < saves_at:
+            deadline = self.deadline(cand)
+            if saves_at <= deadline - SAVE_MARGIN_S:
+                # It saves before it is stopped: the stop loses only what follows the
+                # save, not the work since ``started``; a notice made longer for the save
+                # costs what the guest does after it.
+                stretched = deadline - (self.now + cand.notice_s)
+                return max(0.0, self.cost_s - (saves_at - self.now) + stretched)
         return max(0.0, self.now - cand.started) + self.cost_s
 
     def key(
