@@ -115,12 +115,14 @@ class _Cost:
             return saves_at + SAVE_MARGIN_S  # waits for the save due just after the notice
         return end
 
-    def per_gpu(self, cand: Candidate) -> float:
+    def per_gpu(self, cand: Candidate, deadline: float | None = None) -> float:
+        """``deadline``: ``self.deadline(cand)``, when the caller has it already."""
         if cand.started >= NOTHING_TO_LOSE:
             return 0.0  # stopped: no work lost, and no guest to stop and boot again
         saves_at = cand.saves_at
         if saves_at is not None and self.now < saves_at:
-            deadline = self.deadline(cand)
+            if deadline is None:
+                deadline = self.deadline(cand)
             if saves_at <= deadline - SAVE_MARGIN_S:
                 # It saves before it is stopped: the stop loses only what follows the
                 # save, not the work since ``started``; a notice made longer for the save
@@ -129,20 +131,11 @@ class _Cost:
                 return max(0.0, self.cost_s - (saves_at - self.now) + stretched)
         return max(0.0, self.now - cand.started) + self.cost_s
 
-    def key(
-        self,
-        victims: Sequence[Candidate],
-        spoils: int,
-        idle: int = 0,
-        noticed: Sequence[Candidate] | None = None,
-    ) -> tuple:
-        """``idle``: the GPUs free now that the request takes beside the victims'.
-        ``noticed``: the candidates whose notices, none made longer, would end the wait
-        (the victims unless given: a lower bound gives them all)."""
+    def key(self, victims: Sequence[Candidate], spoils: int, idle: int = 0) -> tuple:
+        """``idle``: the GPUs free now that the request takes beside the victims'."""
         deadlines = [self.deadline(v) for v in victims]
         last = max(deadlines, default=self.now)
-        noticed = victims if noticed is None else noticed
-        ends = [self.now + v.notice_s for v in noticed if v.started < NOTHING_TO_LOSE]
+        ends = [self.now + v.notice_s for v in victims if v.started < NOTHING_TO_LOSE]
         return (
             spoils,
             # Every running victim is stopped at the last one's deadline: the GPUs of
@@ -150,7 +143,7 @@ class _Cost:
             # for as long as a notice was made longer, the free GPUs the request takes,
             # which no one else may take meanwhile.
             sum(
-                v.gpus * (self.per_gpu(v) + (last - d if v.started < NOTHING_TO_LOSE else 0.0))
+                v.gpus * (self.per_gpu(v, d) + (last - d if v.started < NOTHING_TO_LOSE else 0.0))
                 for v, d in zip(victims, deadlines, strict=True)
             )
             + idle * (last - max(ends, default=last)),
@@ -272,10 +265,10 @@ def _first_key(
         held = sum(c.gpus for c in cands)
         if sum(map(len, host.cells.values())) + held < host.gpus_total:
             return None  # a GPU is held by a VM that is not a candidate
-        # The free GPUs wait past the latest notice of any candidate, at least.
+        # Without the free GPUs' wait, which the set's CPU-only victims may shorten: a
+        # bound no set beats.
         with_gpus = [c for c in cands if c.gpus]
-        idle = sum(map(len, host.cells.values()))
-        return (spoils, *cost.key(with_gpus, spoils, idle, noticed=cands)[1:])
+        return (spoils, *cost.key(with_gpus, spoils)[1:])
     # The GPUs its fullest cell lacks, taken from the candidates that waste least per GPU
     # (those about to save, then those unsaved since the latest), the last one in part,
     # whatever their cells: no set that frees them in one cell wastes less.
