@@ -9,8 +9,9 @@
   production stack.
 - On PostgreSQL, the longest modules that reach nothing outside their own process and test
   database (the API fuzz, the list query counts, the demand replay: ``BESIDE``) run in a pass
-  of their own beside the main pass, on their own test database and folder: the main pass,
-  the run's longest, is shorter by theirs, on the second core it left mostly idle.
+  of their own beside the main pass, on their own test database and folder, so that the
+  main pass, the run's longest, no longer carries their time (the second core takes it,
+  beside the real-guest chain).
 - When the main run used PostgreSQL, a second, short run checks the embedded defaults that
   `make run` uses: the tests marked ``embedded`` or ``e2e`` on SQLite and the filesystem broker.
   It runs beside the main pass, after the real-guest test (which mostly waits for a guest
