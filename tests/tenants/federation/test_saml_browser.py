@@ -5,6 +5,7 @@ page, and back logged in; the second time the discovery page remembers the insti
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from tenants.models import ExternalIdentity
 from tests.portal.test_browser import CHROMIUM, CHROMIUM_ARGS
@@ -30,6 +31,9 @@ def chromium(tmp_path, monkeypatch):
         )
         yield context
         context.close()
+        # Under Playwright's event loop the test's ORM calls get a connection of their own,
+        # which pytest-django does not close: closed here, so the test database can be dropped.
+        connections.close_all()
 
 
 def test_log_in_with_your_institution_in_chromium(kumo_site, idp, chromium):
