@@ -153,11 +153,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# DATABASE_TEST_NAME: name of the throwaway database the test suite creates (for SQLite, a
-# file under KUMO_VAR_DIR, so processes the tests start can open it too).
-if test_name := os.environ.get("DATABASE_TEST_NAME"):
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-        test_name = str(VAR_DIR / f"{test_name}.sqlite3")
+# DATABASE_TEST_NAME: name of the throwaway database the test suite creates. On SQLite it is a
+# file under KUMO_VAR_DIR (test_kumo.sqlite3 when unset, never Django's in-memory default), so
+# that the processes the end-to-end tests start (web, controller, agents) open it too.
+test_name = os.environ.get("DATABASE_TEST_NAME")
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    test_name = str(VAR_DIR / f"{test_name or 'test_kumo'}.sqlite3")
+if test_name:
     DATABASES["default"]["TEST"] = {"NAME": test_name}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

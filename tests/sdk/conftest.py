@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
-from django.db import connection
 from kumo_sdk import Client
 from kumo_sdk.cli import app
 from typer.testing import CliRunner
@@ -45,11 +44,6 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server(django_db_setup, tmp_path_factory, s3_server):
-    if connection.vendor == "sqlite" and "mode=memory" in database_url():
-        pytest.skip(
-            "the test database is in memory: run through tests/run.py (or set "
-            "DATABASE_TEST_NAME) so gunicorn can open it"
-        )
     var = tmp_path_factory.mktemp("kumo-sdk")
     env = dict(os.environ)
     env.update(
