@@ -5,11 +5,13 @@ broker. A member logs in, creates a network, launches a GPU VM and watches it re
 an operator looks at the fleet. Screenshots of each step go to test-artifacts/portal/."""
 
 import os
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import global_settings
+from django.db import connections
 from django.utils import timezone
 
 from compute.choices import HostState
@@ -36,6 +38,26 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = ROOT / "test-artifacts" / "portal"
+
+
+@contextmanager
+def playwright(monkeypatch):
+    """Playwright's sync API for Debian's Chromium (a skip without it; never a downloaded
+    browser). Its event loop runs in this thread, so the test's own ORM calls (fixtures,
+    checks) are allowed as the plain synchronous code they are, but run in a context of
+    their own, with a connection pytest-django does not close: closed on the way out, so
+    the test database can be dropped at the end of the run."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no {CHROMIUM}: `make install` installs Debian's chromium")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_api.sync_playwright() as session:
+        try:
+            yield session
+        finally:
+            connections.close_all()
+
+
 PASSWORD = "correct-horse-battery-staple"
 HOSTS = ["gpu-01"]
 
@@ -44,16 +66,9 @@ HOSTS = ["gpu-01"]
 def browser(site, tmp_path, monkeypatch):
     """Debian's Chromium, headless, with a fresh profile; never a downloaded browser. It
     closes before the site stops, so no open connection holds the web server up."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM}: `make install` installs Debian's chromium")
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls
-    # (fixtures, checks) are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    profile = tmp_path / "chromium-profile"
-    with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(profile),
+    with playwright(monkeypatch) as session:
+        context = session.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
             executable_path=CHROMIUM,
             args=CHROMIUM_ARGS,
             headless=True,

@@ -9,11 +9,9 @@ import dataclasses
 import os
 import socket
 import sys
-from pathlib import Path
 
 import pytest
 from django.conf import global_settings
-from django.db import connections
 
 from compute.choices import VmState, VmTask
 from compute.models import Host, VirtualMachine
@@ -25,10 +23,10 @@ from tests.compute.test_console_qemu import guest  # noqa: F401 (the fixture)
 from tests.compute.test_consoleproxy import _shell_on_the_console  # noqa: F401 (autouse)
 from tests.e2e.processes import Fleet, database_url, free_port, wait_for
 from tests.factories import make_host, make_vm
+from tests.portal.test_browser import CHROMIUM, playwright
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kvm_tcg, pytest.mark.django_db(transaction=True)]
 
-CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct-horse-battery-staple"
 
 
@@ -68,19 +66,12 @@ def site(tmp_path, settings):
 
 @pytest.fixture
 def browser(monkeypatch):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM}: `make install` installs Debian's chromium")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
+    with playwright(monkeypatch) as session:
+        chromium = session.chromium.launch(
             executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True
         )
         yield chromium
         chromium.close()
-        # The ORM calls made while Playwright's loop ran have a connection of their own
-        # (another context); closed here, so the test database can be dropped at the end.
-        connections.close_all()
 
 
 def test_typing_into_the_console_page_reaches_the_guests_shell(

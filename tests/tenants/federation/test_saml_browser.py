@@ -5,10 +5,9 @@ page, and back logged in; the second time the discovery page remembers the insti
 from pathlib import Path
 
 import pytest
-from django.db import connections
 
 from tenants.models import ExternalIdentity
-from tests.portal.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.portal.test_browser import CHROMIUM, CHROMIUM_ARGS, playwright
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -17,12 +16,8 @@ ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "federation
 
 @pytest.fixture
 def chromium(tmp_path, monkeypatch):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM}: `make install` installs Debian's chromium")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
+    with playwright(monkeypatch) as session:
+        context = session.chromium.launch_persistent_context(
             str(tmp_path / "profile"),
             executable_path=CHROMIUM,
             args=CHROMIUM_ARGS,
@@ -31,9 +26,6 @@ def chromium(tmp_path, monkeypatch):
         )
         yield context
         context.close()
-        # Under Playwright's event loop the test's ORM calls get a connection of their own,
-        # which pytest-django does not close: closed here, so the test database can be dropped.
-        connections.close_all()
 
 
 def test_log_in_with_your_institution_in_chromium(kumo_site, idp, chromium):
