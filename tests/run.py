@@ -20,10 +20,15 @@
   under TCG on one core), and its output follows the main pass's.
 - The run ends with a recap of every failing test of every pass: where it failed and the first
   lines of its message, so that the tail of a long log (all a CI excerpt may keep) names them.
+- The run's state (test databases on SQLite, broker folders, the passes' logs and reports)
+  lives in one throwaway folder, each pass beside the main one in a folder of its own inside
+  it. A run that made that folder removes it when every pass passed, and names it when one
+  failed, for a look at what the passes left; a folder given as ``KUMO_VAR_DIR`` is kept.
 """
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -63,7 +68,9 @@ def main() -> int:
     notes.append(f"redis broker tests: {env.get('KUMO_TEST_REDIS_URL', 'skipped')}")
 
     # The suite's own state (SQLite file, broker folders, secret) lives in a throwaway folder.
-    env.setdefault("KUMO_VAR_DIR", tempfile.mkdtemp(prefix="kumo-test-"))
+    made = not env.get("KUMO_VAR_DIR")
+    if made:
+        env["KUMO_VAR_DIR"] = tempfile.mkdtemp(prefix="kumo-test-")
     env.setdefault("DATABASE_TEST_NAME", "test_kumo")
 
     print("kumo test run: " + "; ".join(notes), flush=True)
@@ -75,12 +82,27 @@ def main() -> int:
 
     cmd = [sys.executable, "-m", "pytest", *sys.argv[1:]]
     if sys.argv[1:] or not env.get("DATABASE_URL", "").startswith("postgres"):
-        return subprocess.call(cmd, cwd=ROOT, env=env)
+        status = subprocess.call(cmd, cwd=ROOT, env=env)
+    else:
+        status = passes(cmd, env)
+    if made:
+        throw_away(Path(env["KUMO_VAR_DIR"]), status)
+    return status
 
-    # The whole suite on PostgreSQL. The real-guest test spends minutes waiting for a guest
-    # under QEMU's TCG, mostly on one core: it runs beside the main pass, on its own test
-    # database, followed by the embedded pass; so do the BESIDE modules, in a pass of their
-    # own. Their output follows the main pass's.
+
+def throw_away(var: Path, status: int) -> None:
+    """The run's own folder: removed when the run passed, named when it failed."""
+    if status == 0:
+        shutil.rmtree(var, ignore_errors=True)
+    else:
+        print(f"kumo test run: its folder (logs, reports, SQLite files) is kept: {var}")
+
+
+def passes(cmd: list[str], env: dict) -> int:
+    """The whole suite on PostgreSQL. The real-guest test spends minutes waiting for a guest
+    under QEMU's TCG, mostly on one core: it runs beside the main pass, on its own test
+    database, followed by the embedded pass; so do the BESIDE modules, in a pass of their
+    own. Their output follows the main pass's."""
     var = Path(env["KUMO_VAR_DIR"])
     side_log, beside_log = var / "side-chain.log", var / "beside.log"
     with side_log.open("w") as out, beside_log.open("w") as beside_out:
@@ -134,11 +156,12 @@ BESIDE_TIMEOUT_S = 1200
 
 
 def own_pass_env(env: dict, name: str) -> dict:
-    """The environment of a pass beside the main one: its own test database and folder."""
+    """The environment of a pass beside the main one: its own test database, and its own
+    folder inside the run's."""
     return {
         **env,
         "DATABASE_TEST_NAME": f"{env['DATABASE_TEST_NAME']}_{name}",
-        "KUMO_VAR_DIR": tempfile.mkdtemp(prefix=f"kumo-test-{name}-"),
+        "KUMO_VAR_DIR": tempfile.mkdtemp(prefix=f"{name}-", dir=env["KUMO_VAR_DIR"]),
     }
 
 
