@@ -1,4 +1,6 @@
-"""Kombu's Redis transport, made to survive the broker's restart with a message in flight.
+"""Kombu's Redis transport, made to survive the broker's restart with a message in flight,
+and to build one synchronous Redis client per channel instead of one per command
+(``Channel._create_client``).
 
 Every Kumo process talks to Redis through this transport (``controlplane.broker`` maps the
 ``redis://`` scheme to it), the controller and the Django-free agent alike.
@@ -63,6 +65,23 @@ class QoS(kombu_redis.QoS):
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+
+    def _create_client(self, asynchronous=False):
+        """A client of the channel's pool. Kombu builds a new ``redis.Redis`` each time it
+        sends a command outside the consumer's own connection: twice for every message a
+        worker takes (the delivery's bookkeeping and its ack), and building one cost a
+        controller more of its CPU than the commands' own Python. A synchronous client holds
+        nothing but its pool (each command takes a connection from it and gives it back, so
+        threads may share it), so one per pool serves them all; a new pool (after a lost
+        connection) gets a new client. The asynchronous ones are built each time, as before:
+        the consumer keeps a connection on its client (BRPOP)."""
+        if asynchronous:
+            return super()._create_client(asynchronous=True)
+        pool = self.pool  # a closed channel raises here, as before (``_connparams``)
+        client = self.__dict__.get("_sync_client")
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = super()._create_client()
+        return client
 
     def _connparams(self, asynchronous=False):
         if _closed(self):
