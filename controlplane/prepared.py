@@ -2,15 +2,17 @@
 
 The SQL every API request runs is the same text each time with other values: the token
 lookup (``controlplane.rowjoin``) and a list's page or a detail compiled once per view
-(``controlplane.api.fastread``). Django's cursors send each statement with its values
-written into the text, which PostgreSQL parses and plans again every time; for these small
-statements planning costs it more than running them. ``cursor(connection)`` is Django's
-cursor (its health check, error wrapping and query log, as ``connection.cursor()``) over a
-psycopg cursor that binds the values as parameters and asks PostgreSQL to keep each
-statement it runs again prepared on the connection (psycopg's statement cache, per
-connection: a new connection prepares them again). On any other database it is
-``connection.cursor()``. ``fetch`` runs one read through it, and lets that read stand for
-the connection's health check.
+(``controlplane.api.fastread``); so are the statements of the controller's short way for a
+fleet's steady reports (the heartbeat's and the network report's one UPDATE, a guests
+report's two: ``compute.services.steady``), hundreds a second. Django's cursors send each
+statement with its values written into the text, which PostgreSQL parses and plans again
+every time; for these small statements planning costs it more than running them.
+``cursor(connection)`` is Django's cursor (its health check, error wrapping and query log,
+as ``connection.cursor()``) over a psycopg cursor that binds the values as parameters and
+asks PostgreSQL to keep each statement it runs again prepared on the connection (psycopg's
+statement cache, per connection: a new connection prepares them again). On any other
+database it is ``connection.cursor()``. ``fetch`` runs one read through it, and lets that
+read stand for the connection's health check.
 """
 
 from contextlib import contextmanager

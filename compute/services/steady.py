@@ -19,6 +19,7 @@ from django.utils import timezone
 from compute.choices import PowerState, VmState
 from compute.models import Host, OrphanGuest, VirtualMachine
 from compute.services import reclaim
+from controlplane import prepared
 
 # A settled VM's state, and the power its guest is in then.
 _SETTLED = {VmState.RUNNING: PowerState.RUNNING, VmState.STOPPED: PowerState.SHUTOFF}
@@ -56,7 +57,7 @@ def guests_in_step(host: str, reported: dict, sent_at: datetime) -> bool:
     if connection.vendor != "postgresql":
         return False
     now = timezone.now()
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), prepared.cursor(connection) as cursor:
         cursor.execute(_READ, [sent_at, now, host, sent_at])
         rows = cursor.fetchall()
         if not rows:
@@ -68,17 +69,13 @@ def guests_in_step(host: str, reported: dict, sent_at: datetime) -> bool:
         ):
             transaction.set_rollback(True)
             return False
-        observed = []
         for vm in vms:
             sample = reclaim.cpu_observed(vm, reported[str(vm.id)].get("cpu_time_ns"), now)
             for k, v in sample.items():
                 setattr(vm, k, v)
-            observed.extend((vm.id, vm.cpu_time_ns, vm.cpu_sampled_at, vm.active_at))
         if vms:
-            values = ", ".join(
-                ["(%s::uuid, %s::bigint, %s::timestamptz, %s::timestamptz)"] * len(vms)
-            )
-            cursor.execute(_WRITE.format(values=values), [now, *observed])
+            columns = ("id", "cpu_time_ns", "cpu_sampled_at", "active_at")
+            cursor.execute(_WRITE, [now, *([getattr(vm, c) for vm in vms] for c in columns)])
     return True
 
 
@@ -115,10 +112,13 @@ FROM host LEFT JOIN {_VM} vm
   ON vm.host_id = host.id AND vm.state NOT IN ('{VmState.DELETED}', '{VmState.PENDING}')
 ORDER BY vm.id
 """
+# The samples as one array per column: the same text for any number of guests, so that it is
+# prepared once per connection (``controlplane.prepared``).
 _WRITE = f"""
 UPDATE {_VM} AS vm
 SET power_observed_at = %s, cpu_time_ns = v.cpu_time_ns, cpu_sampled_at = v.cpu_sampled_at,
     active_at = v.active_at
-FROM (VALUES {{values}}) AS v (id, cpu_time_ns, cpu_sampled_at, active_at)
+FROM unnest(%s::uuid[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])
+  AS v (id, cpu_time_ns, cpu_sampled_at, active_at)
 WHERE vm.id = v.id
 """

@@ -81,6 +81,34 @@ def test_the_cpu_samples_follow_the_rule_of_the_full_comparison(project, sent):
     assert fresh(vm).active_at > idle.active_at
 
 
+@pytest.mark.postgres
+def test_each_guest_of_a_host_gets_its_own_sample(project, sent):
+    """The short way writes a host's samples as one array per column, in one statement:
+    each VM gets its own guest's, a guest that reports no CPU time included."""
+    host = make_host()
+    vms = [make_vm(project) for _ in range(3)]
+    for vm in vms:
+        report(vm, "running")
+    vms = [fresh(vm) for vm in vms]
+    assert {vm.host_id for vm in vms} == {host.pk}
+    quiet, idle, busy = vms
+    t0 = timezone.now()
+    busy_ns = 10**9 + busy.vcpus * 10**9 * 3600  # every vCPU busy for an hour
+    first = {idle.pk: 10**9, busy.pk: 10**9}
+    then = {idle.pk: 10**9, busy.pk: busy_ns}
+    for at, cpu in ((t0, first), (t0 + timedelta(seconds=1), then)):
+        guests = [_guest(vm, cpu_time_ns=cpu.get(vm.pk)) for vm in vms]
+        with CaptureQueriesContext(connection) as queries:
+            assert _reported(host, guests, at) == NOTHING
+        statements = [q for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+        assert len(statements) == 2  # the short way: the host's row, the samples
+    quiet, idle, busy = (fresh(vm) for vm in vms)
+    assert quiet.cpu_time_ns is None and quiet.power_observed_at is not None
+    assert idle.cpu_time_ns == 10**9 and busy.cpu_time_ns == busy_ns
+    assert idle.cpu_sampled_at == busy.cpu_sampled_at is not None
+    assert busy.active_at > idle.active_at
+
+
 def test_a_change_in_the_database_is_not_lost_to_the_short_way(project, sent, settings):
     """The user stopped the VM and the message to the host was lost: the host still reports
     the guest running at the old generation, as it did before; the reconcile sends the
