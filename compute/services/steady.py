@@ -74,8 +74,7 @@ def guests_in_step(host: str, reported: dict, sent_at: datetime) -> bool:
             for k, v in sample.items():
                 setattr(vm, k, v)
         if vms:
-            columns = ("id", "cpu_time_ns", "cpu_sampled_at", "active_at")
-            cursor.execute(_WRITE, [now, *([getattr(vm, c) for vm in vms] for c in columns)])
+            cursor.execute(_WRITE, [now, *([getattr(vm, c) for vm in vms] for c in _SAMPLE)])
     return True
 
 
@@ -112,13 +111,14 @@ FROM host LEFT JOIN {_VM} vm
   ON vm.host_id = host.id AND vm.state NOT IN ('{VmState.DELETED}', '{VmState.PENDING}')
 ORDER BY vm.id
 """
-# The samples as one array per column: the same text for any number of guests, so that it is
-# prepared once per connection (``controlplane.prepared``).
+# The samples as one array per column, in this order: the same text for any number of
+# guests, so that it is prepared once per connection (``controlplane.prepared``).
+_SAMPLE = ("id", "cpu_time_ns", "cpu_sampled_at", "active_at")
 _WRITE = f"""
 UPDATE {_VM} AS vm
 SET power_observed_at = %s, cpu_time_ns = v.cpu_time_ns, cpu_sampled_at = v.cpu_sampled_at,
     active_at = v.active_at
 FROM unnest(%s::uuid[], %s::bigint[], %s::timestamptz[], %s::timestamptz[])
-  AS v (id, cpu_time_ns, cpu_sampled_at, active_at)
+  AS v ({", ".join(_SAMPLE)})
 WHERE vm.id = v.id
 """

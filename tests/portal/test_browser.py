@@ -38,6 +38,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = ROOT / "test-artifacts" / "portal"
+PASSWORD = "correct-horse-battery-staple"
+HOSTS = ["gpu-01"]
 
 
 @contextmanager
@@ -56,10 +58,6 @@ def playwright(monkeypatch):
             yield session
         finally:
             connections.close_all()
-
-
-PASSWORD = "correct-horse-battery-staple"
-HOSTS = ["gpu-01"]
 
 
 @pytest.fixture
