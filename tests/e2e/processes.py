@@ -118,8 +118,14 @@ def wait_for(
         if value:
             return value
         time.sleep(interval)
+    fail(f"timed out waiting for {what}", fleet)
+
+
+def fail(what: str, fleet: Fleet | None = None):
+    """Fail the test saying ``what``, with every VM's row and the fleet's logs: why a VM
+    ended where it did is in its ``state_reason`` and the agent's log, not in its state."""
     detail = f"\n{vm_rows()}\n{fleet.logs()}" if fleet else ""
-    raise AssertionError(f"timed out waiting for {what}{detail}")
+    raise AssertionError(f"{what}{detail}")
 
 
 def vm_rows() -> str:

@@ -57,7 +57,14 @@ from network.models import HostNetwork, Port
 from network.services import port_create
 from storage.protocol import POOLS
 from tenants import services as tenants
-from tests.e2e.processes import Fleet, database_url, free_port, start_topology, wait_for
+from tests.e2e.processes import (
+    Fleet,
+    database_url,
+    fail,
+    free_port,
+    start_topology,
+    wait_for,
+)
 from tests.factories import UserFactory, make_network, make_pool, make_project, token_for
 
 REAL, SIM = "real-01", "gpu-01"  # gpu-01: a simulated GPU node, where CPU VMs never go
@@ -697,7 +704,10 @@ def test_a_real_guest_boots_through_the_api_and_is_reached_over_ssh(cloud):
         lambda: _state(api, urls["lab-vm"], "running", "error"),
         timeout=180, what="lab-vm unshelved and started", fleet=fleet,
     )  # fmt: skip
-    assert back["state"] == "running" and back["host"] == REAL, back
+    if back["state"] != "running" or back["host"] != REAL:
+        fail(
+            f"lab-vm unshelved to {back['state']} on {back['host']}: {back['state_reason']}", fleet
+        )
     outside.wait(BOOT_TIMEOUT_S)
     assert outside.run("cat ~/kept.txt").stdout.strip() == "kept-across-shelve"
     assert outside.run("cat /proc/sys/kernel/random/boot_id").stdout.strip() != before
