@@ -22,13 +22,16 @@ VM at a time so each figure is one VM's own path:
 Prints progress on stderr and one JSON line, last, on stdout: ``vms``, ``p50_ms``,
 ``p95_ms``, ``libvirt_p50_ms``, ``overhead_p50_ms`` (Kumo's p50 less libvirt's), and
 ``target_overhead_p50_ms`` with ``met``. Target: overhead p50 <= 50 ms. Stops every
-process, drops the database and flushes the Redis database at the end, whatever happens.
+process, drops the database and flushes the Redis database at the end, whatever happens;
+removes its folder (the fleet's files, the processes' logs) when the run ended with its
+line, and names it when not.
 
 Run: ``make bench-provision`` or ``.venv/bin/python bench/provision.py`` (about a minute).
 """
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -141,6 +144,7 @@ def main() -> None:
     uris = write_and_register(var_dir / "fleet", hosts)
     port = free_port()
     fleet = Fleet(dict(os.environ), var_dir)
+    done = False
     try:
         for name, argv in topology(
             sys.executable, bind=f"127.0.0.1:{port}", hosts=hosts, uris=uris
@@ -199,6 +203,7 @@ def main() -> None:
         result["target_overhead_p50_ms"] = TARGET_OVERHEAD_P50_MS
         result["met"] = result["overhead_p50_ms"] <= TARGET_OVERHEAD_P50_MS
         print(json.dumps(result), flush=True)
+        done = True
     finally:
         fleet.stop()
         from django.db import connections
@@ -206,6 +211,10 @@ def main() -> None:
         connections.close_all()
         recreate_database(DB_NAME, drop_only=True)
         flush_redis()
+        if done:
+            shutil.rmtree(var_dir)
+        else:  # the processes' logs, for what went wrong
+            log(f"the run's folder is kept: {var_dir}")
 
 
 if __name__ == "__main__":
