@@ -120,6 +120,8 @@ def _start(var: Path, instances: Path, sims):
         CELERY_BROKER_URL="filesystem://",
         KUMO_VAR_DIR=str(var),
         KUMO_INSTANCES_DIR=str(instances),
+        # What the agents applied, in the folder removed at the end (not beside it).
+        KUMO_AGENT_APPLIED_DIR=str(instances / "applied"),
         KUMO_HEARTBEAT_INTERVAL_S="1",
         KUMO_GUESTS_REPORT_INTERVAL_S="2",
         KUMO_RECONCILE_GRACE_S="5",

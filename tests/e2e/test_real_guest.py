@@ -231,6 +231,8 @@ def cloud(fabric, tmp_path):
         # Under the instances folder: the resolvers' dnsmasq re-reads its names as nobody.
         KUMO_VAR_DIR=str(instances / "var"),
         KUMO_INSTANCES_DIR=str(instances),
+        # What the agents applied, in the folder removed at the end (not beside it).
+        KUMO_AGENT_APPLIED_DIR=str(instances / "applied"),
         # Shelved disks where QEMU (libvirt-qemu) can boot them again.
         KUMO_SHELVE_STORE=str(instances / "shelved"),
         # Volumes in pools QEMU (libvirt-qemu) can reach, under the instances folder.
