@@ -20,7 +20,9 @@ VM at a time so each figure is one VM's own path:
   connection to a node file of the same kind.
 
 Prints progress on stderr and one JSON line, last, on stdout: ``vms``, ``p50_ms``,
-``p95_ms``, ``libvirt_p50_ms``, ``overhead_p50_ms`` (Kumo's p50 less libvirt's), and
+``p95_ms``, ``post_p50_ms`` (the POST's own answer) and ``after_post_p50_ms`` (from the
+202 to ``launched_at``: the agent, Redis and the controller), ``libvirt_p50_ms``,
+``overhead_p50_ms`` (Kumo's p50 less libvirt's), and
 ``target_overhead_p50_ms`` with ``met``. Target: overhead p50 <= 50 ms. Stops every
 process, drops the database and flushes the Redis database at the end, whatever happens;
 removes its folder (the fleet's files, the processes' logs) when the run ended with its
@@ -164,7 +166,7 @@ def main() -> None:
             headers={"Authorization": f"Bearer {token}"},
         )
         url = f"/api/v1/projects/{project.slug}/vms/"
-        kumo, bare = [], []
+        kumo, posts, bare = [], [], []
         for index in range(WARMUP + VMS):
             body = {
                 "name": f"bench-{index}",
@@ -174,6 +176,7 @@ def main() -> None:
             }
             started = time.time()
             response = api.post(url, json=body)
+            answered = time.time()
             if response.status_code != 202:
                 raise SystemExit(f"create answered {response.status_code}: {response.text}")
             vm_id = response.json()["id"]
@@ -192,11 +195,14 @@ def main() -> None:
             libvirt_s = reference.once(index)
             if index >= WARMUP:
                 kumo.append(elapsed)
+                posts.append((answered - started, launched.timestamp() - answered))
                 bare.append(libvirt_s)
         result = {
             "vms": len(kumo),
             "p50_ms": round(statistics.median(kumo) * 1000, 2),
             "p95_ms": percentile_ms(kumo, 95),
+            "post_p50_ms": round(statistics.median(p for p, _ in posts) * 1000, 2),
+            "after_post_p50_ms": round(statistics.median(a for _, a in posts) * 1000, 2),
             "libvirt_p50_ms": round(statistics.median(bare) * 1000, 3),
         }
         result["overhead_p50_ms"] = round(result["p50_ms"] - result["libvirt_p50_ms"], 2)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from django.db import connection
 
@@ -121,7 +122,7 @@ def wait_for(
     fail(f"timed out waiting for {what}", fleet)
 
 
-def fail(what: str, fleet: Fleet | None = None):
+def fail(what: str, fleet: Fleet | None = None) -> NoReturn:
     """Fail the test saying ``what``, with every VM's row and the fleet's logs: why a VM
     ended where it did is in its ``state_reason`` and the agent's log, not in its state."""
     detail = f"\n{vm_rows()}\n{fleet.logs()}" if fleet else ""
