@@ -16,6 +16,8 @@
   clock) see no more contention than beside the main pass alone.
 - When the main run used PostgreSQL, a second, short run checks the embedded defaults that
   `make run` uses: the tests marked ``embedded`` or ``e2e`` on SQLite and the filesystem broker.
+  The main pass then runs the real-process tests on Redis only (their filesystem broker run
+  is this one's: PostgreSQL with the filesystem broker is neither production nor `make run`).
   It runs beside the main pass, after the real-guest test (which mostly waits for a guest
   under TCG on one core), and its output follows the main pass's.
 - The run ends with a recap of every failing test of every pass: where it failed and the first
@@ -121,7 +123,7 @@ def passes(cmd: list[str], env: dict) -> int:
         status = subprocess.call(
             [*cmd, "-m", "not real_guest", *(f"--ignore={path}" for path in BESIDE),
              f"--junitxml={var / 'main.xml'}"],
-            cwd=ROOT, env=env,
+            cwd=ROOT, env={**env, "KUMO_TEST_FILESYSTEM_BROKER_ELSEWHERE": "1"},
         )  # fmt: skip
         beside_status = beside.wait()
         side_status = side.wait()
