@@ -91,9 +91,10 @@ def serve(name: str, port: int, word: str) -> subprocess.Popen:
 
 
 @pytest.fixture
-def fabric():
+def fabric(tmp_path):
     """Hosts h1-h3 on an underlay bridge in ``sw``; h3's external bridge ``brx`` joined to
-    ``ext``; empty namespaces for the stand-in VMs."""
+    ``ext``; empty namespaces for the stand-in VMs. The drivers keep their resolvers' files
+    in the test's own folder."""
     from network.drivers.linux import LinuxNetworkDriver
 
     names = ["sw", *UNDERLAY, "ext", "a1", "va", "b1", "b2", "vb"]
@@ -119,7 +120,7 @@ def fabric():
         in_ns("h3", "ip", "link", "set", "xo", "master", "brx", "up")
         in_ns("ext", "ip", "addr", "add", f"{EXT}/24", "dev", "eth0")
         in_ns("ext", "ip", "link", "set", "eth0", "up")
-        drivers = {host: LinuxNetworkDriver(ns(host)) for host in UNDERLAY}
+        drivers = {host: LinuxNetworkDriver(ns(host), dns_dir=tmp_path / host) for host in UNDERLAY}
         yield drivers, servers
     finally:
         for server in servers:
