@@ -261,7 +261,9 @@ def guests_reported(*, host: str, payload: dict, sent_at: datetime) -> dict:
 
     ``sent_at`` is when the agent took the report. What it says of a VM changed after that
     (``updated_at``) is stale: it neither finishes a delete (the guest may have been built
-    since) nor sends work again (the change sent its own); the next report decides.
+    since), nor sends work again (the change sent its own), nor moves the VM's state (a
+    guest seen shut off just before its start must not stop the VM its running report
+    already moved); the next report decides.
 
     Almost every report of a fleet says what the database already holds:
     ``steady.guests_in_step`` recognizes those by comparing the report with the host's VMs,
@@ -304,17 +306,17 @@ def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
             accounted.add(vm_id)
         if desired is None:
             continue
-        stale = sent_at < vm.updated_at  # taken before the VM's last change
+        if sent_at < vm.updated_at:
+            # Taken before the VM's last change: what it saw may be what that change undid
+            # (a guest seen off just before the start whose report came first), so it
+            # moves nothing. The next report decides.
+            continue
         if guest is None and vm.state == VmState.SHELVING:
-            if stale:
-                continue
             shelve.vm_finish_shelve(vm)
             _finish_operation(current_operation(vm), vm=vm, ok=True)
             done["settled"].append(vm_id)
             continue
         if guest is None and desired == DesiredPower.ABSENT:
-            if stale:
-                continue
             vm_finish_delete(vm)
             _finish_operation(current_operation(vm), vm=vm, ok=True)
             done["settled"].append(vm_id)
@@ -334,7 +336,7 @@ def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
                     _finish_operation(current_operation(vm), vm=vm, ok=True)
             if vm.state == VmState.EVICTING and spot.shut_off(vm):
                 continue  # evicted below, with the rest of its hand-over
-        if behind and not stale and now - vm.updated_at > grace:
+        if behind and now - vm.updated_at > grace:
             log.info(
                 "vm %s generation %d: drift on %s (%s); work sent again",
                 vm_id,

@@ -86,3 +86,26 @@ def test_a_network_report_taken_before_the_last_change_sends_nothing_again(sent)
     # A fresh report that is behind gets the desired state again.
     enroll_network(host, "10.250.0.9", sent_at=timezone.now(), applied_generation=0)
     assert len(sent) == before + 1
+
+
+def test_a_report_taken_before_the_start_does_not_stop_the_vm_its_running_report_moved(
+    project, sent
+):
+    """The agent defines a guest, then starts it; a guests report taken between the two
+    (the guest shut off) reaches the controller after the running report: it stops nothing.
+    A report taken after the start that finds the guest off does (it powered itself off)."""
+    host = make_host()
+    vm = make_vm(project, template=make_template(gpus=1))
+    wire = {"vm_id": str(vm.pk), "generation": vm.generation}
+    taken_before = timezone.now()
+    vm = _running(vm)
+    assert vm.state == VmState.RUNNING
+    off = {"guests": [{**wire, "power": "shutoff"}]}
+    done = services.guests_reported(host=host.name, payload=off, sent_at=taken_before)
+    assert done["settled"] == []
+    vm = fresh(vm)
+    assert (vm.state, vm.power_state, vm.state_reason) == (VmState.RUNNING, "running", "")
+    done = services.guests_reported(host=host.name, payload=off, sent_at=timezone.now())
+    assert done["settled"] == [str(vm.pk)]
+    vm = fresh(vm)
+    assert (vm.state, vm.state_reason) == (VmState.STOPPED, "the guest was found shutoff")
