@@ -44,7 +44,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench` and the apps importable
 
-from bench.common import PG_URL, log, p99_ms, recreate_database  # noqa: E402
+from bench.common import (  # noqa: E402
+    PG_URL,
+    log,
+    p99_ms,
+    recreate_database,
+    terminated_as_interrupted,
+)
 
 DB_NAME = os.environ.get("KUMO_BENCH_DB", "kumo_bench")  # another name: benches side by side
 OBJECTS = 10_000
@@ -289,4 +295,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with terminated_as_interrupted():  # a SIGTERM still drops the database
+        main()

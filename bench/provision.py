@@ -44,7 +44,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make the apps importable
 
-from bench.common import PG_URL, log, percentile_ms, recreate_database  # noqa: E402
+from bench.common import (  # noqa: E402
+    PG_URL,
+    log,
+    percentile_ms,
+    recreate_database,
+    terminated_as_interrupted,
+)
 
 DB_NAME = os.environ.get("KUMO_BENCH_PROVISION_DB", "kumo_bench_provision")
 REDIS_URL = os.environ.get("KUMO_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
@@ -224,4 +230,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with terminated_as_interrupted():  # a SIGTERM still drops the database
+        main()
