@@ -227,6 +227,10 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         shelve.vm_finish_shelve(vm)
         _finish_operation(operation_id, vm=vm, ok=True)
         return vm
+    if generation < vm.applied_generation:
+        # Older than an observation already recorded: a report delivered again, or handled
+        # after a newer one by another thread. Its power is no longer the guest's.
+        return vm
     changes = _settle(vm, generation, power, now)
     VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
     previous = vm.state

@@ -109,3 +109,32 @@ def test_a_report_taken_before_the_start_does_not_stop_the_vm_its_running_report
     assert done["settled"] == [str(vm.pk)]
     vm = fresh(vm)
     assert (vm.state, vm.state_reason) == (VmState.STOPPED, "the guest was found shutoff")
+
+
+def test_a_report_of_an_older_generation_redelivered_late_changes_nothing(project, sent):
+    """Reports are delivered at least once: the stop's report, delivered again after the
+    start's (or handled after it by another controller thread), leaves the running VM's
+    state and power as the newer report set them."""
+    host = make_host()
+    vm = _running(make_vm(project, template=make_template(gpus=1)))
+
+    def report(vm, power):
+        payload = {"vm_id": str(vm.pk), "generation": vm.generation, "power": power, "ok": True}
+        payload["operation_id"] = current_operation(vm)
+        return payload
+
+    vm, _ = services.vm_stop(vm=vm)
+    stopped = report(vm, "shutoff")
+    services.vm_observed(host=host.name, payload=stopped, sent_at=timezone.now())
+    assert fresh(vm).state == VmState.STOPPED
+    vm, _ = services.vm_start(vm=fresh(vm))
+    vm = _running(fresh(vm))
+    assert (vm.state, vm.power_state, vm.applied_generation) == (
+        VmState.RUNNING,
+        "running",
+        vm.generation,
+    )
+    services.vm_observed(host=host.name, payload=stopped, sent_at=timezone.now())
+    after = fresh(vm)
+    assert (after.state, after.power_state) == (VmState.RUNNING, "running")
+    assert (after.updated_at, after.power_observed_at) == (vm.updated_at, vm.power_observed_at)
