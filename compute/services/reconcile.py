@@ -204,17 +204,21 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
     generation = int(payload.get("generation", 0))
     power = payload.get("power") if payload.get("power") in _POWER else PowerState.UNKNOWN
     now = timezone.now()
+    # Older than an observation already recorded: a report delivered again, or handled after
+    # a newer one by another thread. What it says of the guest no longer holds.
+    stale = generation < vm.applied_generation
     if not payload.get("ok", True):
         error = str(payload.get("error", "the host failed"))[:500]
-        changes: dict = {"state_reason": error}
-        if generation >= vm.generation:
-            if vm.state == VmState.PROVISIONING:
-                changes["state"] = VmState.ERROR
-            changes["task_state"] = VmTask.NONE
-        VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
-        for k, v in changes.items():
-            setattr(vm, k, v)
-        usage.vm_usage_sync(vm, at=now)
+        if not stale:  # the failure is recorded either way; the VM's reason is the newer one's
+            changes: dict = {"state_reason": error}
+            if generation >= vm.generation:
+                if vm.state == VmState.PROVISIONING:
+                    changes["state"] = VmState.ERROR
+                changes["task_state"] = VmTask.NONE
+            VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+            for k, v in changes.items():
+                setattr(vm, k, v)
+            usage.vm_usage_sync(vm, at=now)
         audit.record("vm.host_error", vm, project=vm.project, detail={"error": error})
         log.warning("vm %s generation %d: host %s failed: %s", vm.pk, generation, host, error)
         _finish_operation(operation_id, vm=vm, ok=False, error=error)
@@ -227,9 +231,7 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         shelve.vm_finish_shelve(vm)
         _finish_operation(operation_id, vm=vm, ok=True)
         return vm
-    if generation < vm.applied_generation:
-        # Older than an observation already recorded: a report delivered again, or handled
-        # after a newer one by another thread. Its power is no longer the guest's.
+    if stale:
         return vm
     changes = _settle(vm, generation, power, now)
     VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)

@@ -10,6 +10,7 @@ from compute import services
 from compute.choices import VmState
 from compute.models import Device, VirtualMachine
 from compute.services.lifecycle import current_operation
+from controlplane.models import AuditEvent
 from network.models import HostNetwork
 from tests.compute.test_vms import fresh
 from tests.factories import enroll_network, make_host, make_template, make_vm
@@ -138,3 +139,30 @@ def test_a_report_of_an_older_generation_redelivered_late_changes_nothing(projec
     after = fresh(vm)
     assert (after.state, after.power_state) == (VmState.RUNNING, "running")
     assert (after.updated_at, after.power_observed_at) == (vm.updated_at, vm.power_observed_at)
+
+
+def test_a_failed_stop_reported_again_after_a_later_stop_leaves_the_vms_reason(project, sent):
+    """A host's failure at an older generation, delivered again after a newer report, is
+    recorded, but the VM keeps the newer report's state and reason."""
+    host = make_host()
+    vm = _running(make_vm(project))
+    vm, _ = services.vm_stop(vm=vm)
+    failed = {"vm_id": str(vm.pk), "generation": vm.generation, "ok": False}
+    failed |= {"error": "virDomainShutdown: timed out", "operation_id": current_operation(vm)}
+    services.vm_observed(host=host.name, payload=failed, sent_at=timezone.now())
+    vm = fresh(vm)
+    assert (vm.state, vm.task_state) == (VmState.RUNNING, "")
+    assert vm.state_reason == "virDomainShutdown: timed out"
+    vm, _ = services.vm_stop(vm=vm)
+    stopped = {"vm_id": str(vm.pk), "generation": vm.generation, "power": "shutoff", "ok": True}
+    stopped["operation_id"] = current_operation(vm)
+    services.vm_observed(host=host.name, payload=stopped, sent_at=timezone.now())
+    vm = fresh(vm)
+    assert (vm.state, vm.state_reason) == (VmState.STOPPED, "")
+    errors = AuditEvent.objects.filter(action="vm.host_error", object_id=str(vm.pk))
+    assert errors.count() == 1
+    services.vm_observed(host=host.name, payload=failed, sent_at=timezone.now())
+    after = fresh(vm)
+    assert (after.state, after.task_state, after.state_reason) == (VmState.STOPPED, "", "")
+    assert after.updated_at == vm.updated_at
+    assert errors.count() == 2  # the failure it reports is recorded, as every one is
