@@ -2,10 +2,11 @@
 percentiles. Figures go to stdout as one JSON line, last."""
 
 import os
-import signal
 import sys
 import tempfile
 from contextlib import contextmanager
+
+from controlplane.supervise import terminated_as_interrupted  # the benches' too
 
 PG_URL = "postgres://postgres@127.0.0.1:5432"  # trust auth, as on the development machine
 
@@ -36,22 +37,6 @@ def percentile_ms(seconds: list[float], pct: int) -> float:
 
 def p99_ms(seconds: list[float]) -> float:
     return percentile_ms(seconds, 99)
-
-
-@contextmanager
-def terminated_as_interrupted():
-    """Within the block, SIGTERM (``kill``, a CI job cancelled) ends the bench as Ctrl-C
-    does, through every ``finally``: its database is dropped and its folder removed, not
-    left behind as by the default handler, which ends the process at once."""
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager

@@ -28,6 +28,23 @@ STABLE_S = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
+@contextlib.contextmanager
+def terminated_as_interrupted():
+    """Within the block, SIGTERM (``kill``, a CI job cancelled) ends the program as Ctrl-C
+    does, through every ``finally``: what it made to throw away (a database, a folder) goes
+    with it, where the default handler would end the process at once and leave it behind.
+    For a program's main thread (where Python runs signal handlers)."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _die_with_parent() -> None:  # runs in the child, between fork and exec
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

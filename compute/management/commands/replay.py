@@ -16,6 +16,7 @@ from compute.replay import fixed_hash_seed
 from compute.replay import trace as traces
 from compute.replay.database import throwaway_database
 from compute.replay.sim import Replay
+from controlplane.supervise import terminated_as_interrupted
 
 
 class Command(BaseCommand):
@@ -63,6 +64,11 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         if sys.argv[1:2] == ["replay"]:  # run as ``manage.py replay``, not by call_command
             fixed_hash_seed()
+            with terminated_as_interrupted():  # a SIGTERM still drops the throwaway database
+                return self._replay(opts)
+        return self._replay(opts)
+
+    def _replay(self, opts):
         if opts["generate"]:
             n = traces.generate(
                 opts["trace"], days=opts["generate"], gpu_hosts=opts["gpu_hosts"], seed=opts["seed"]
