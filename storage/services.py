@@ -359,11 +359,15 @@ def share_delete(*, share: Share) -> None:
 @transaction.atomic
 def share_reported(*, host: str, payload: dict, sent_at) -> None:
     """A share's host applied a generation (or failed to): record it and the usage read.
-    A report for a deleted share, or older than what is recorded, changes nothing."""
+    A report for a deleted share, or of a generation older than the one applied, changes
+    nothing (a failure among them included); a usage read older than the one recorded is
+    not recorded."""
     share = Share.objects.select_for_update().filter(pk=payload.get("share_id")).first()
     if share is None or payload.get("absent"):
         return
     generation = int(payload.get("generation", 0))
+    if generation < share.applied_generation:
+        return  # delivered again, or overtaken by a newer one: the newer one stands
     if not payload.get("ok"):
         log.warning(
             "share %s (%s) on host %s failed: %s",
@@ -375,11 +379,9 @@ def share_reported(*, host: str, payload: dict, sent_at) -> None:
         share.last_error = str(payload.get("error", ""))[:500]
         share.save(update_fields=["last_error"])
         return
-    if generation < share.applied_generation:
-        return
     share.applied_generation = generation
     share.last_error = ""
-    if "used_bytes" in payload:
+    if "used_bytes" in payload and (share.usage_at is None or sent_at >= share.usage_at):
         share.used_bytes = int(payload["used_bytes"])
         share.usage_at = sent_at
     share.save(update_fields=["applied_generation", "last_error", "used_bytes", "usage_at"])

@@ -194,3 +194,27 @@ def test_a_share_is_sent_to_exactly_its_projects_vm_addresses_as_they_come_and_g
         compute.vm_delete(vm=fresh(vm))
         report(fresh(vm), "absent")
     assert [kw["clients"] for kw in sent if kw["share_id"] == str(share.pk)][-1] == ()
+
+
+def test_reports_delivered_again_late_change_neither_the_error_nor_the_usage(project):
+    """Reports are delivered at least once: an old failure, or an older usage read, that
+    comes after a newer report leaves the share as the newer one left it."""
+    share = services.share_create(project=project, name="data", tier="fast", quota_gib=1)
+    failed = {"share_id": str(share.pk), "generation": share.generation, "ok": False}
+    failed |= {"error": "not applied; operators told", "detail": "lfs setquota: EPERM"}
+    services.share_reported(host="mds-01", payload=failed, sent_at=timezone.now())
+    assert Share.objects.get(pk=share.pk).last_error == "not applied; operators told"
+    share = services.share_extend(share=share, quota_gib=2)
+    taken_before = timezone.now()
+    older = {"share_id": str(share.pk), "generation": share.generation, "ok": True}
+    newer = {**older, "used_bytes": 500}
+    services.share_reported(host="mds-01", payload=newer, sent_at=timezone.now())
+    share.refresh_from_db()
+    assert share.ready and share.last_error == "" and share.used_bytes == 500
+    services.share_reported(host="mds-01", payload=failed, sent_at=timezone.now())
+    assert Share.objects.get(pk=share.pk).last_error == ""
+    services.share_reported(
+        host="mds-01", payload={**older, "used_bytes": 100}, sent_at=taken_before
+    )
+    after = Share.objects.get(pk=share.pk)
+    assert (after.last_error, after.used_bytes, after.usage_at) == ("", 500, share.usage_at)
