@@ -272,8 +272,8 @@ def test_a_replay_stopped_by_sigterm_leaves_no_database_behind(tmp_path):
     import sys
     import time
 
-    trace = tmp_path / "day.csv"
-    traces.generate(trace, days=1, gpu_hosts=4)
+    trace = tmp_path / "days.csv"
+    traces.generate(trace, days=3, gpu_hosts=4)  # seconds of replay after the migration
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     env |= {"TMPDIR": str(tmp_path), "KUMO_VAR_DIR": str(tmp_path / "var")}
     env |= {"PYTHONHASHSEED": "0", "KUMO_LOG_LEVEL": "WARNING"}
