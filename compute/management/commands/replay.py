@@ -9,6 +9,7 @@ database Kumo runs on: it makes a new one beside it and drops it at the end.
 
 import json
 import sys
+from contextlib import nullcontext
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -62,11 +63,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts):
-        if sys.argv[1:2] == ["replay"]:  # run as ``manage.py replay``, not by call_command
+        program = sys.argv[1:2] == ["replay"]  # run as ``manage.py replay``, not by call_command
+        if program:
             fixed_hash_seed()
-            with terminated_as_interrupted():  # a SIGTERM still drops the throwaway database
-                return self._replay(opts)
-        return self._replay(opts)
+        # As a program, a SIGTERM still drops the throwaway database, as Ctrl-C does.
+        with terminated_as_interrupted() if program else nullcontext():
+            self._replay(opts)
 
     def _replay(self, opts):
         if opts["generate"]:
