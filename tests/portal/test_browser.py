@@ -1,9 +1,11 @@
 """The portal in a real browser: headless Chromium (Debian's, driven by Playwright) against
 gunicorn, the controller, beat and a simulated 8x A100 host's agent on the filesystem
 broker. A member logs in, creates a network, launches a GPU VM and watches it reach running
-(htmx polling), opens port 22 in a security group and downloads last month's invoice as CSV;
+(htmx polling), opens port 22 in a security group, uploads an image (its progress shown)
+and downloads last month's invoice as CSV;
 an operator looks at the fleet. Screenshots of each step go to test-artifacts/portal/."""
 
+import hashlib
 import os
 from contextlib import contextmanager
 from datetime import timedelta
@@ -16,7 +18,7 @@ from django.utils import timezone
 
 from compute.choices import HostState
 from compute.management.commands.simfleet import write_and_register
-from compute.models import Host, VirtualMachine
+from compute.models import Host, Image, VirtualMachine
 from network.models import SecurityGroupRule
 from tenants import billing
 from tenants import services as tenants
@@ -208,6 +210,47 @@ def test_a_member_launches_a_vm_opens_a_port_and_downloads_an_invoice(site, brow
     expect(page.locator("#rules")).to_contain_text("0.0.0.0/0")
     assert SecurityGroupRule.objects.for_project(project).filter(port_min=22).exists()
     shot(page, "4-security-group")
+
+    # An image of her own, its upload's progress shown as it is sent. A form the server
+    # refuses (a login user that is no user name) comes back in place with the field's
+    # error (a 400, swapped in by htmx); the right one replaces the page with the list and
+    # its message.
+    page.click("nav.tabs >> text=Images")
+    page.evaluate(
+        """() => { window.uploadSent = [];
+          document.addEventListener("htmx:beforeSend", (e) => e.detail.xhr.upload
+            .addEventListener("progress", (p) => window.uploadSent.push([p.loaded, p.total])));
+        }"""
+    )
+    disk = bytes(range(256)) * (32 << 10)  # 8 MiB
+    upload = {"name": "scratch.raw", "mimeType": "application/octet-stream", "buffer": disk}
+    page.fill("#id_name", "scratch")
+    page.fill("#id_os_distro", "debian")
+    page.select_option("#id_format", "raw")
+    page.fill("#id_login_user", "root!")
+    page.set_input_files("#id_file", files=[upload])
+    page.click("#image-upload button[type=submit]")
+    expect(page.locator('#image-upload [data-field="login_user"]')).to_be_visible()
+    expect(page).to_have_url(f"{base}/p/{project.slug}/images/")
+    page.fill("#id_login_user", "debian")
+    page.set_input_files("#id_file", files=[upload])
+    # Sent at 4 MiB/s, as from a researcher's office: the bar moves while the bytes go.
+    network = browser.new_cdp_session(page)
+    network.send("Network.enable")
+    slow = {"offline": False, "latency": 0, "downloadThroughput": -1}
+    network.send("Network.emulateNetworkConditions", slow | {"uploadThroughput": 4 << 20})
+    page.click("#image-upload button[type=submit]")
+    expect(page.locator("#image-upload [role=status]")).to_contain_text("% sent")
+    expect(page.locator("#image-upload button[type=submit]")).to_be_disabled()
+    shot(page, "4a-image-uploading")
+    expect(page.locator("ul.messages")).to_contain_text("Image scratch uploaded")
+    network.send("Network.emulateNetworkConditions", slow | {"uploadThroughput": -1})
+    expect(page.locator("#images")).to_contain_text("scratch")
+    sent = page.evaluate("window.uploadSent")  # the page was swapped, not loaded again
+    assert sent and sent[-1][0] == sent[-1][1] > len(disk), sent
+    image = Image.objects.get(project=project, name="scratch")
+    assert image.checksum == "sha256:" + hashlib.sha256(disk).hexdigest()
+    shot(page, "4b-image-uploaded")
 
     # Last month's invoice, as CSV.
     page.click("nav.tabs >> text=Billing")

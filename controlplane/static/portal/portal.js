@@ -1,5 +1,5 @@
-// Kumo portal: the project switcher, spot-notice countdowns and copy buttons. Everything
-// else is htmx.
+// Kumo portal: the project switcher, spot-notice countdowns, copy buttons and an upload's
+// progress. Everything else is htmx.
 document.addEventListener("change", (e) => {
   if (e.target.matches("select[data-autosubmit]")) e.target.form.submit();
 });
@@ -33,3 +33,44 @@ document.addEventListener("click", (e) => {
     document.cookie = "kumo_tz=" + value + "; path=/; max-age=31536000; samesite=lax";
   }
 })();
+
+// An upload form (data-upload-progress, an image's) is sent by htmx, which reports the bytes
+// sent: its <progress> follows them, then says the server is storing the file (it hashes
+// every byte before it answers). The answer replaces the page: the list with the new image
+// and its message, or the form with its errors (a 400, which htmx would otherwise not
+// show). Without JavaScript the form posts as any other.
+function uploadLine(form, text, percent) {
+  const line = form.querySelector("[data-progress]");
+  line.hidden = false;
+  if (percent !== undefined) line.querySelector("progress").value = percent;
+  line.querySelector("[role=status]").textContent = text(form.dataset);
+}
+const uploading = (e) => {
+  const sender = e.detail.requestConfig && e.detail.requestConfig.elt;
+  return sender && sender.matches("form[data-upload-progress]") ? sender : null;
+};
+document.addEventListener("htmx:beforeSend", (e) => {
+  const form = uploading(e);
+  if (!form) return;
+  for (const errors of form.querySelectorAll(".errorlist")) errors.hidden = true; // the last answer's
+  e.detail.xhr.upload.addEventListener("progress", (sent) => {
+    if (!sent.lengthComputable) return;
+    const percent = Math.round((100 * sent.loaded) / sent.total);
+    uploadLine(form, (say) => (percent < 100 ? `${percent} % ${say.sent}` : say.storing), percent);
+  });
+});
+document.addEventListener("htmx:beforeSwap", (e) => {
+  if (e.detail.xhr.status === 400 && uploading(e)) {
+    e.detail.shouldSwap = true;
+    e.detail.isError = false;
+  }
+});
+document.addEventListener("htmx:responseError", (e) => {
+  const form = uploading(e);
+  const { status, statusText } = e.detail.xhr;
+  if (form) uploadLine(form, (say) => `${say.failed} ${status} ${statusText}`);
+});
+document.addEventListener("htmx:sendError", (e) => {
+  const form = uploading(e);
+  if (form) uploadLine(form, (say) => say.failed);
+});
