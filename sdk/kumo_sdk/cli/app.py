@@ -30,6 +30,7 @@ from kumo_sdk.cli import (
     network,
     output,
     placement_group,
+    port,
     port_forward,
     project,
     quota,
@@ -133,6 +134,7 @@ app.add_typer(lease.app, name="lease")
 app.add_typer(network.app, name="network")
 app.add_typer(security_group.app, name="security-group")
 app.add_typer(global_ip.app, name="global-ip")
+app.add_typer(port.app, name="port")
 app.add_typer(port_forward.app, name="port-forward")
 app.add_typer(external_connection.app, name="external-connection")
 app.add_typer(volume.app, name="volume")
