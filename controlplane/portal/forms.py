@@ -191,6 +191,32 @@ class PortCreateForm(forms.Form):
         return [g.name for g in groups] or None  # the service's None: the default group
 
 
+class PortSecurityForm(forms.Form):
+    """A port's security groups and whether they apply: ``network.services.port_update``,
+    as the API's ``PATCH …/ports/{id}/``. No group ticked is no group (not the default)."""
+
+    security_groups = forms.ModelMultipleChoiceField(
+        queryset=SecurityGroup.objects.none(),
+        required=False,
+        to_field_name="name",
+        widget=forms.CheckboxSelectMultiple,
+        label=_("Security groups"),
+        help_text=_("Each lets in (and out) the flows its rules allow; none ticked lets none."),
+    )
+    port_security = forms.BooleanField(
+        required=False, label=_("Port security (security groups apply)")
+    )
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
+            project
+        ).order_by("name")
+
+    def clean_security_groups(self):
+        return sorted(g.name for g in self.cleaned_data["security_groups"])
+
+
 class OutboundForm(forms.Form):
     external_access = forms.BooleanField(required=False, label=_("Outbound access (SNAT)"))
 

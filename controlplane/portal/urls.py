@@ -62,6 +62,11 @@ project_urls = [
     path("port-forwards/<int:pk>/delete/", network.port_forward_delete, name="port-forward-delete"),
     path("networks/<uuid:pk>/", network.network_detail, name="network-detail"),
     path("subnets/<int:pk>/delete/", network.subnet_delete, name="subnet-delete"),
+    path(
+        "ports/<uuid:pk>/security-groups/",
+        network.port_security_groups,
+        name="port-security-groups",
+    ),
     path("ports/<uuid:pk>/delete/", network.port_delete, name="port-delete"),
     path(
         "global-ips/<int:pk>/disassociate/",

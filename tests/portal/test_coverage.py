@@ -76,7 +76,8 @@ PORTAL = {
     f"DELETE {P}subnets/{{id}}/": "portal:subnet-delete",
     f"GET {P}ports/": "portal:network-detail",
     f"POST {P}ports/": "portal:network-detail",
-    f"GET {P}ports/{{id}}/": "portal:network-detail",
+    f"GET {P}ports/{{id}}/": "portal:port-security-groups",
+    f"PATCH {P}ports/{{id}}/": "portal:port-security-groups",  # its groups and port security
     f"DELETE {P}ports/{{id}}/": "portal:port-delete",
     f"GET {P}security-groups/": "portal:security-groups",
     f"POST {P}security-groups/": "portal:security-groups",
@@ -212,7 +213,6 @@ NOT_IN_PORTAL = {
     f"GET {P}operations/{{id}}/": f"shown as the object's state, not on its own: {CLI}",
     f"GET {P}usage-records/": f"the dashboard and billing show usage summed; raw: {CLI}",
     f"GET {P}usage-records/{{id}}/": f"raw usage records: {CLI}",
-    f"PATCH {P}ports/{{id}}/": f"changing a port's security groups: {CLI}",
     f"POST {P}shares/": f"creating a share (an operator sets up its tier's server): {CLI}",
     # Operators': the admin console, or the CLI.
     f"GET {A}audit-events/": ADMIN_CONSOLE,

@@ -70,6 +70,7 @@ CASES = {
     "network-detail": ("get", _contract(network_contracts.TestNetworkIsolation), {}),
     "subnet-delete": ("post", _contract(network_contracts.TestSubnetIsolation), {}),
     "port-delete": ("post", _contract(network_contracts.TestPortIsolation), {}),
+    "port-security-groups": ("post", _contract(network_contracts.TestPortIsolation), {}),
     "global-ip-disassociate": ("post", _contract(network_contracts.TestGlobalIpIsolation), {}),
     "connection-delete": (
         "post",

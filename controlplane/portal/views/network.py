@@ -19,6 +19,7 @@ from controlplane.portal.forms import (
     OutboundForm,
     PortCreateForm,
     PortForwardForm,
+    PortSecurityForm,
     RuleForm,
     SecurityGroupForm,
     SubnetForm,
@@ -132,7 +133,10 @@ def network_detail(request, project, pk):
         Port.objects.for_project(project)
         .filter(network=network)
         .select_related("vm", "global_ip")
-        .prefetch_related(Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address")))
+        .prefetch_related(
+            Prefetch("fixed_ips", queryset=FixedIp.objects.order_by("address")),
+            Prefetch("security_groups", queryset=SecurityGroup.objects.order_by("name")),
+        )
         .order_by("created_at")
     )
     return page(
@@ -169,6 +173,46 @@ def subnet_delete(request, project, pk):
         ),
         subnet=subnet,
     )
+
+
+@project_page()
+def port_security_groups(request, project, pk):
+    """A port's security groups and port security (a VM's NIC or a port of its own), changed
+    through ``services.port_update``; back to the port's VM, or to its network."""
+    port = get_object_or_404(
+        Port.objects.for_project(project).select_related("network", "vm"), pk=pk
+    )
+    current = {
+        "security_groups": port.security_groups.order_by("name"),
+        "port_security": port.port_security,
+    }
+    form = PortSecurityForm(request.POST or None, project=project, initial=current)
+    status = 200
+    if request.method == "POST":
+        ok, status = submit(form, lambda v: services.port_update(port=port, **v))
+        if ok:
+            messages.success(
+                request, _("Security groups of port %(port)s saved.") % {"port": _port_name(port)}
+            )
+            if port.vm is not None:
+                return redirect("portal:vm-detail", slug=project.slug, pk=port.vm.pk)
+            return redirect("portal:network-detail", slug=project.slug, pk=port.network_id)
+    return page(
+        request,
+        "portal/network/port.html",
+        {"port": port, "port_name": _port_name(port), "form": form},
+        project=project,
+        status=status,
+    )
+
+
+def _port_name(port: Port) -> str:
+    """A port as people know it: its name, or its VM's NIC, or its id."""
+    if port.name:
+        return port.name
+    if port.vm is not None:
+        return f"{port.vm.name} NIC {port.device_index}"
+    return str(port.pk)
 
 
 @require_POST

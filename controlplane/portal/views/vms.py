@@ -5,6 +5,7 @@ and, out of band, the action buttons and the page's note, so nothing on it goes 
 
 from django.conf import settings
 from django.contrib import messages
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +24,7 @@ from controlplane.portal.access import form_error, project_page
 from controlplane.portal.forms import VmCreateForm
 from controlplane.portal.views.common import act, page
 from network.choices import ForwardProtocol
-from network.models import FixedIp, GlobalIp, Port, PortForward
+from network.models import FixedIp, GlobalIp, Port, PortForward, SecurityGroup
 from tenants import billing, selectors
 from tenants.models import SSHKey
 
@@ -266,7 +267,10 @@ def vm_detail(request, project, pk):
     ports = list(
         Port.objects.filter(vm=vm)
         .select_related("network")
-        .prefetch_related("fixed_ips")
+        .prefetch_related(
+            "fixed_ips",
+            Prefetch("security_groups", queryset=SecurityGroup.objects.order_by("name")),
+        )
         .order_by("device_index")
     )
     inside = reports.guest_pci_addresses(vm, devices)
