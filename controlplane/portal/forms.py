@@ -4,6 +4,7 @@ rules themselves are the services', whose errors land back on these forms
 (``access.form_error``)."""
 
 from django import forms
+from django.conf import settings
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -13,7 +14,7 @@ from compute.models import Image, Lease, PlacementGroup, Template, VirtualMachin
 from controlplane.validators import hostname_validator
 from network.choices import ConnectionKind, Direction, ForwardProtocol, Protocol
 from network.models import GlobalIp, Network, Port, SecurityGroup
-from storage.choices import VolumeTier
+from storage.choices import ShareTier, VolumeTier
 from storage.models import bucket_name_validator
 from tenants.choices import BudgetPolicy, Role
 from tenants.models import Quota, SSHKey
@@ -351,6 +352,21 @@ class VolumeAttachForm(forms.Form):
 
 class VolumeExtendForm(forms.Form):
     size_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("New size (GiB)"))
+
+
+class ShareForm(forms.Form):
+    """A shared file system (``storage.services.share_create``, as ``POST …/shares/``), on
+    one of the tiers this site serves (``KUMO_SHARE_FAST``, ``KUMO_SHARE_LARGE``)."""
+
+    name = forms.CharField(label=_("Name"), max_length=63, validators=[hostname_validator])
+    tier = forms.ChoiceField(label=_("Tier"), choices=())
+    quota_gib = forms.IntegerField(min_value=1, max_value=1_048_576, label=_("Quota (GiB)"))
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tier"].choices = [
+            (tier, label) for tier, label in ShareTier.choices if tier in settings.SHARE_TIERS
+        ]
 
 
 class ShareExtendForm(forms.Form):

@@ -108,6 +108,7 @@ PORTAL = {
     f"POST {P}volumes/{{id}}/attach/": "portal:volume-attach",
     f"POST {P}volumes/{{id}}/detach/": "portal:volume-detach",
     f"POST {P}volumes/{{id}}/extend/": "portal:volume-extend",
+    f"POST {P}shares/": "portal:storage",
     f"GET {P}shares/": "portal:storage",
     f"GET {P}shares/{{id}}/": "portal:storage",
     f"DELETE {P}shares/{{id}}/": "portal:share-delete",
@@ -213,7 +214,6 @@ NOT_IN_PORTAL = {
     f"GET {P}operations/{{id}}/": f"shown as the object's state, not on its own: {CLI}",
     f"GET {P}usage-records/": f"the dashboard and billing show usage summed; raw: {CLI}",
     f"GET {P}usage-records/{{id}}/": f"raw usage records: {CLI}",
-    f"POST {P}shares/": f"creating a share (an operator sets up its tier's server): {CLI}",
     # Operators': the admin console, or the CLI.
     f"GET {A}audit-events/": ADMIN_CONSOLE,
     f"GET {A}audit-events/{{id}}/": ADMIN_CONSOLE,

@@ -1,7 +1,7 @@
 """Storage: the project's volumes (create, attach to a VM, detach, extend, delete), its
-shares and how to mount them, its buckets and their S3 endpoint, and its S3 access keys
-(a project admin's to make and revoke; the secret is shown once), written through
-``storage.services``."""
+shares (make one on a tier the site serves, extend, delete) and how to mount them, its
+buckets and their S3 endpoint, and its S3 access keys (a project admin's to make and
+revoke; the secret is shown once), written through ``storage.services``."""
 
 from django.conf import settings
 from django.contrib import messages
@@ -18,6 +18,7 @@ from controlplane.portal.forms import (
     BucketForm,
     BucketQuotaForm,
     ShareExtendForm,
+    ShareForm,
     VolumeAttachForm,
     VolumeExtendForm,
     VolumeForm,
@@ -48,6 +49,8 @@ def _render(request, project, *, status=200, **context):
         .order_by("-created_at"),
         "volume_form": VolumeForm(),
         "bucket_form": BucketForm(),
+        "share_form": ShareForm(),
+        "share_tiers": bool(settings.SHARE_TIERS),
         "access_key_form": AccessKeyForm(),
         "may_manage_keys": Role.at_least(request.membership.role, Role.ADMIN),
         **context,
@@ -58,22 +61,34 @@ def _render(request, project, *, status=200, **context):
 @project_page()
 def storage(request, project):
     which = request.POST.get("form")
-    volume_form = VolumeForm(request.POST if which == "volume" else None)
-    bucket_form = BucketForm(request.POST if which == "bucket" else None)
+    if which not in ("bucket", "share"):
+        which = "volume"
+    forms = {
+        "volume": VolumeForm(request.POST if which == "volume" else None),
+        "bucket": BucketForm(request.POST if which == "bucket" else None),
+        "share": ShareForm(request.POST if which == "share" else None),
+    }
     status = 200
     if request.method == "POST":
-        if which == "bucket":
-            ok, status = submit(bucket_form, lambda v: services.bucket_create(project=project, **v))
-        else:
-            which = "volume"
-            ok, status = submit(volume_form, lambda v: services.volume_create(project=project, **v))
+        create = {
+            "volume": services.volume_create,
+            "bucket": services.bucket_create,
+            "share": services.share_create,
+        }[which]
+        ok, status = submit(forms[which], lambda v: create(project=project, **v))
         if ok:
-            messages.success(
-                request, _("Bucket created.") if which == "bucket" else _("Volume created.")
-            )
+            done = {
+                "volume": _("Volume created."),
+                "bucket": _("Bucket created."),
+                "share": _("Share created: it can be mounted once its host has made it."),
+            }
+            messages.success(request, done[which])
             return redirect("portal:storage", slug=project.slug)
     return _render(
-        request, project, status=status, volume_form=volume_form, bucket_form=bucket_form
+        request,
+        project,
+        status=status,
+        **{f"{name}_form": form for name, form in forms.items()},
     )
 
 
