@@ -112,6 +112,7 @@ project_urls = [
     path("billing/budgets/<int:pk>/", billing.budget_edit, name="budget-edit"),
     path("billing/budgets/<int:pk>/delete/", billing.budget_delete, name="budget-delete"),
     path("audit/", audit.audit_log, name="audit"),
+    path("events/", audit.event_feed, name="events"),
 ]
 
 urlpatterns = [

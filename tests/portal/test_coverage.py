@@ -63,6 +63,7 @@ PORTAL = {
     f"GET {P}leases/{{id}}/": "portal:leases",
     f"POST {P}leases/{{id}}/cancel/": "portal:lease-cancel",
     f"PATCH {P}leases/{{id}}/": "portal:lease-lending",  # its lending button
+    f"GET {P}events/": "portal:events",
     # Network
     f"GET {P}networks/": "portal:networks",
     f"POST {P}networks/": "portal:networks",
@@ -206,8 +207,6 @@ NOT_IN_PORTAL = {
     "POST /api/v1/projects/": "projects are made by approving an application "
     "(portal:applications); making one outright is the operators' (admin console, API)",
     f"DELETE {P}": f"deleting a whole project: {CLI}",
-    f"GET {P}events/": "the recent events show on the dashboard and the webhooks page; the "
-    f"whole feed, filtered: {CLI}",
     f"GET {P}events/{{id}}/": f"one event on its own: {CLI}",
     f"GET {P}operations/": "an operation's progress shows on its object's page (a VM's state "
     f"polls); the list of operations: {CLI}",

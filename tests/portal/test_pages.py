@@ -52,6 +52,7 @@ PROJECT_PAGES = [
     "members",
     "billing",
     "audit",
+    "events",
     "connections",
     "webhooks",
     "project-settings",
@@ -570,6 +571,31 @@ def test_the_audit_log_lists_the_projects_trail_only(login, project, cloud):
     html = page.content.decode()
     assert "network.create" in html or "<code>network" in html
     assert "theirs" not in html
+
+
+# --- the event feed ---------------------------------------------------------------------------
+
+
+def test_the_event_feed_is_the_projects_newest_first_filtered(login, project, cloud):
+    from controlplane import events
+
+    vm = make_vm(project, template=cloud["cpu"], image=cloud["image"], name="feed-1")
+    events.emit("budget.threshold", project=project, message="Budget at 80 %")
+    events.emit("vm.eviction_notice", project=project, message="feed-1 is evicted", obj=vm)
+    events.emit("vm.eviction_notice", project=make_project(), message="theirs is evicted")
+    client = login(cloud["users"][Role.READER])
+    html = client.get(url("events", project)).content.decode()
+    assert html.index("feed-1 is evicted") < html.index("Budget at 80 %")  # newest first
+    assert "theirs" not in html
+    assert url("vm-detail", project, pk=vm.pk) in html
+    by_kind = client.get(url("events", project), {"kind": "budget."}).content.decode()
+    assert "Budget at 80 %" in by_kind and "feed-1 is evicted" not in by_kind
+    by_object = client.get(url("events", project), {"object": str(vm.pk)}).content.decode()
+    assert "feed-1 is evicted" in by_object and "Budget at 80 %" not in by_object
+    by_type = client.get(url("events", project), {"object": "virtualmachine"}).content.decode()
+    assert "feed-1 is evicted" in by_type and "Budget at 80 %" not in by_type
+    dashboard = client.get(url("dashboard", project)).content.decode()
+    assert url("events", project) in dashboard
 
 
 # --- the fleet --------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The project's audit trail, newest first, a page at a time, filtered by action, user,
-object (its type, id or name) and outcome; a refused action shows why it was refused."""
+object (its type, id or name) and outcome; a refused action shows why it was refused. And
+its event feed (what webhooks receive: evictions, leases, budgets, approvals), filtered by
+kind and object the same way."""
 
 from urllib.parse import urlencode
 
@@ -7,12 +9,13 @@ from django.core.paginator import Paginator
 from django.db.models import Q
 
 from controlplane.choices import AuditOutcome
-from controlplane.models import AuditEvent
+from controlplane.models import AuditEvent, Event
 from controlplane.portal.access import project_page
 from controlplane.portal.views.common import page
 
 PAGE_SIZE = 50
 FILTERS = ("action", "user", "object", "outcome")
+EVENT_FILTERS = ("kind", "object")
 
 
 @project_page()
@@ -24,12 +27,7 @@ def audit_log(request, project):
     if asked["user"]:
         events = events.filter(actor_name__iexact=asked["user"])
     if asked["object"]:
-        events = events.filter(
-            Q(object_type__iexact=asked["object"])
-            | Q(object_type__iendswith=f".{asked['object']}")
-            | Q(object_id=asked["object"])
-            | Q(object_repr__icontains=asked["object"])
-        )
+        events = events.filter(_object(asked["object"]) | Q(object_repr__icontains=asked["object"]))
     if asked["outcome"] in AuditOutcome.values:
         events = events.filter(outcome=asked["outcome"])
     else:
@@ -42,6 +40,31 @@ def audit_log(request, project):
             "outcomes": AuditOutcome.choices,
             "query": urlencode({k: v for k, v in asked.items() if v}),
             "asked": asked,  # not spread: "user" is the layout's logged-in user
+        },
+        project=project,
+    )
+
+
+def _object(q: str) -> Q:
+    """An object by its type (``network``, or ``compute.virtualmachine`` whole) or its id."""
+    return Q(object_type__iexact=q) | Q(object_type__iendswith=f".{q}") | Q(object_id=q)
+
+
+@project_page()
+def event_feed(request, project):
+    events = Event.objects.for_project(project)
+    asked = {name: request.GET.get(name, "").strip()[:200] for name in EVENT_FILTERS}
+    if asked["kind"]:
+        events = events.filter(kind__startswith=asked["kind"])
+    if asked["object"]:
+        events = events.filter(_object(asked["object"]))
+    return page(
+        request,
+        "portal/events.html",
+        {
+            "page": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
+            "query": urlencode({k: v for k, v in asked.items() if v}),
+            "asked": asked,
         },
         project=project,
     )
