@@ -68,7 +68,7 @@ class ProjectEventViewSet(ReadOnlyProjectViewSet):
 
     model = Event
     serializer_class = EventSerializer
-    filterset_fields = ["kind"]
+    filterset_fields = ["kind", "object_id"]
     ordering_fields = ["created_at"]
 
 

@@ -125,6 +125,25 @@ def test_the_secret_is_shown_once(client_for, project):
     assert bad.status_code == 400 and "url" in bad.json()["details"]
 
 
+def test_the_feed_filters_by_kind_and_object_id(client_for, project):
+    member = add_member(project, role=Role.READER)
+    notice = events.emit("vm.eviction_notice", project=project, message="a", obj=member)
+    events.emit("vm.eviction_notice", project=project, message="b")
+    events.emit("budget.threshold", project=project, message="c", obj=member)
+    api = client_for(member)
+    url = reverse("api:project-event-list", kwargs={"project_slug": project.slug})
+
+    def messages(**query):
+        answer = api.get(url, query)
+        assert answer.status_code == 200
+        return [e["message"] for e in answer.json()["results"]]
+
+    assert messages(kind="vm.eviction_notice") == ["b", "a"]
+    assert messages(object_id=notice.object_id) == ["c", "a"]
+    assert messages(kind="budget.threshold", object_id=notice.object_id) == ["c"]
+    assert messages(object_id="nothing-by-this-id") == []
+
+
 class TestEventIsolation(ProjectEndpointContract):
     basename = "project-event"
     actions = ("list", "retrieve")

@@ -20,6 +20,7 @@ from kumo_sdk.cli import (
     application,
     bucket,
     budget,
+    event,
     external_connection,
     global_ip,
     image,
@@ -28,6 +29,7 @@ from kumo_sdk.cli import (
     lease,
     member,
     network,
+    operation,
     output,
     placement_group,
     port,
@@ -146,6 +148,8 @@ command(app, "usage")(usage.usage)
 app.add_typer(budget.app, name="budget")
 command(app, "points")(budget.points)
 app.add_typer(webhook.app, name="webhook")
+app.add_typer(event.app, name="event")
+app.add_typer(operation.app, name="operation")
 app.add_typer(admin.app, name="admin")
 
 
