@@ -20,10 +20,13 @@ from tenants import quotas
 from tenants.choices import ProjectStatus, Role
 from tenants.models import (
     ApiToken,
+    Invoice,
     Membership,
+    PointsEntry,
     Project,
     Quota,
     SSHKey,
+    UsageRecord,
     User,
     default_quota,
     slug_validator,
@@ -159,7 +162,11 @@ def project_set_status(*, project: Project, status: str, reason: str = "") -> Pr
 
 @transaction.atomic
 def project_delete(*, project: Project) -> None:
-    """Delete an empty project. A project that still holds resources answers 409."""
+    """Delete an empty project that was never billed. A project that still holds resources
+    answers 409 ``project_not_empty``. So does one with billing records (usage intervals,
+    invoices, a points ledger), ``project_billed``: they would go with it, and a bill
+    outlives what it bills. Such a project ends with its validity instead (or an operator
+    suspends it), keeping its records."""
     in_use = {k: v for k, v in quotas.usage(project).items() if v}
     if in_use:
         held = ", ".join(f"{k}={v}" for k, v in sorted(in_use.items()))
@@ -167,6 +174,22 @@ def project_delete(*, project: Project) -> None:
             f"project {project.slug} still holds resources ({held}); delete them first",
             code="project_not_empty",
             details={"usage": in_use},
+        )
+    billed = [
+        name
+        for name, model in (
+            ("usage_records", UsageRecord),
+            ("invoices", Invoice),
+            ("points_entries", PointsEntry),
+        )
+        if model.objects.for_project(project).exists()
+    ]
+    if billed:
+        raise Conflict(
+            f"project {project.slug} has been billed ({', '.join(billed)}), and its bills are"
+            " kept: it is not deleted; it ends with its validity (valid_until)",
+            code="project_billed",
+            details={"billing": billed},
         )
     audit.record("project.delete", project, project=project)
     project.delete()

@@ -135,6 +135,34 @@ def test_project_delete_with_resources_is_conflict(project, counters):
     assert Project.objects.filter(pk=project.pk).exists()
 
 
+def test_a_billed_project_is_not_deleted_and_keeps_its_records(project, counters, client_for):
+    """Its usage intervals (what a VM ran), and so the invoices rated from them, and its
+    points ledger would go with it: a bill outlives what it bills."""
+    from decimal import Decimal
+
+    from tenants import usage
+    from tenants.billing import points_credit
+    from tenants.models import PointsEntry, UsageRecord
+    from tests.tenants.test_billing import Subject
+
+    ran = Subject(project, "a-vm-deleted-since")
+    start = timezone.now() - timedelta(hours=2)
+    usage.usage_open(ran, "vcpu", 4, start)
+    usage.usage_close(ran, "vcpu", at=start + timedelta(hours=1))
+    with pytest.raises(Conflict) as e:
+        services.project_delete(project=project)
+    assert (e.value.code, e.value.details) == ("project_billed", {"billing": ["usage_records"]})
+    points_credit(project=project, amount=Decimal("100"))
+    api = client_for(project.owner)
+    answer = api.delete(f"/api/v1/projects/{project.slug}/")
+    assert answer.status_code == 409
+    assert answer.json()["code"] == "project_billed"
+    assert answer.json()["details"]["billing"] == ["usage_records", "points_entries"]
+    assert Project.objects.filter(pk=project.pk).exists()
+    assert UsageRecord.objects.for_project(project).count() == 1
+    assert PointsEntry.objects.for_project(project).count() == 1
+
+
 # --- memberships --------------------------------------------------------------------------------
 
 
