@@ -158,7 +158,29 @@ class SubnetForm(forms.Form):
         return self.cleaned_data["dns_servers"].replace(",", " ").split()
 
 
-class PortCreateForm(forms.Form):
+def _security_groups_field(help_text) -> forms.ModelMultipleChoiceField:
+    """Ticks of the project's security groups, by name (``_ProjectGroups`` offers them)."""
+    return forms.ModelMultipleChoiceField(
+        queryset=SecurityGroup.objects.none(),
+        required=False,
+        to_field_name="name",
+        widget=forms.CheckboxSelectMultiple,
+        label=_("Security groups"),
+        help_text=help_text,
+    )
+
+
+class _ProjectGroups:
+    """A form whose ``security_groups`` offers the groups of its ``project``."""
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
+            project
+        ).order_by("name")
+
+
+class PortCreateForm(_ProjectGroups, forms.Form):
     name = forms.CharField(label=_("Name"), max_length=63, required=False)
     fixed_ip = forms.GenericIPAddressField(
         protocol="IPv4",
@@ -166,23 +188,10 @@ class PortCreateForm(forms.Form):
         label=_("Fixed IP"),
         help_text=_("Default: the next free one."),
     )
-    security_groups = forms.ModelMultipleChoiceField(
-        queryset=SecurityGroup.objects.none(),
-        required=False,
-        to_field_name="name",
-        widget=forms.CheckboxSelectMultiple,
-        label=_("Security groups"),
-        help_text=_("None ticked: the project's default group."),
-    )
+    security_groups = _security_groups_field(_("None ticked: the project's default group."))
     port_security = forms.BooleanField(
         required=False, initial=True, label=_("Port security (security groups apply)")
     )
-
-    def __init__(self, *args, project, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
-            project
-        ).order_by("name")
 
     def clean_fixed_ip(self):
         return self.cleaned_data["fixed_ip"] or ""
@@ -192,27 +201,16 @@ class PortCreateForm(forms.Form):
         return [g.name for g in groups] or None  # the service's None: the default group
 
 
-class PortSecurityForm(forms.Form):
+class PortSecurityForm(_ProjectGroups, forms.Form):
     """A port's security groups and whether they apply: ``network.services.port_update``,
     as the API's ``PATCH …/ports/{id}/``. No group ticked is no group (not the default)."""
 
-    security_groups = forms.ModelMultipleChoiceField(
-        queryset=SecurityGroup.objects.none(),
-        required=False,
-        to_field_name="name",
-        widget=forms.CheckboxSelectMultiple,
-        label=_("Security groups"),
-        help_text=_("Each lets in (and out) the flows its rules allow; none ticked lets none."),
+    security_groups = _security_groups_field(
+        _("Each lets in (and out) the flows its rules allow; none ticked lets none.")
     )
     port_security = forms.BooleanField(
         required=False, label=_("Port security (security groups apply)")
     )
-
-    def __init__(self, *args, project, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["security_groups"].queryset = SecurityGroup.objects.for_project(
-            project
-        ).order_by("name")
 
     def clean_security_groups(self):
         return sorted(g.name for g in self.cleaned_data["security_groups"])

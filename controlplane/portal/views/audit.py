@@ -18,28 +18,20 @@ FILTERS = ("action", "user", "object", "outcome")
 EVENT_FILTERS = ("kind", "object")
 
 
-@project_page()
-def audit_log(request, project):
-    events = AuditEvent.objects.for_project(project)
-    asked = {name: request.GET.get(name, "").strip()[:200] for name in FILTERS}
-    if asked["action"]:
-        events = events.filter(action__startswith=asked["action"])
-    if asked["user"]:
-        events = events.filter(actor_name__iexact=asked["user"])
-    if asked["object"]:
-        events = events.filter(_object(asked["object"]) | Q(object_repr__icontains=asked["object"]))
-    if asked["outcome"] in AuditOutcome.values:
-        events = events.filter(outcome=asked["outcome"])
-    else:
-        asked["outcome"] = ""
+def _asked(request, filters) -> dict[str, str]:
+    return {name: request.GET.get(name, "").strip()[:200] for name in filters}
+
+
+def _listing(request, project, template, rows, asked, **context):
+    """A page of ``rows``, newest first, with the filters ``asked`` kept in its links."""
     return page(
         request,
-        "portal/audit.html",
+        template,
         {
-            "page": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
-            "outcomes": AuditOutcome.choices,
+            "page": Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page")),
             "query": urlencode({k: v for k, v in asked.items() if v}),
             "asked": asked,  # not spread: "user" is the layout's logged-in user
+            **context,
         },
         project=project,
     )
@@ -51,20 +43,30 @@ def _object(q: str) -> Q:
 
 
 @project_page()
+def audit_log(request, project):
+    events = AuditEvent.objects.for_project(project)
+    asked = _asked(request, FILTERS)
+    if asked["action"]:
+        events = events.filter(action__startswith=asked["action"])
+    if asked["user"]:
+        events = events.filter(actor_name__iexact=asked["user"])
+    if asked["object"]:
+        events = events.filter(_object(asked["object"]) | Q(object_repr__icontains=asked["object"]))
+    if asked["outcome"] in AuditOutcome.values:
+        events = events.filter(outcome=asked["outcome"])
+    else:
+        asked["outcome"] = ""
+    return _listing(
+        request, project, "portal/audit.html", events, asked, outcomes=AuditOutcome.choices
+    )
+
+
+@project_page()
 def event_feed(request, project):
     events = Event.objects.for_project(project)
-    asked = {name: request.GET.get(name, "").strip()[:200] for name in EVENT_FILTERS}
+    asked = _asked(request, EVENT_FILTERS)
     if asked["kind"]:
         events = events.filter(kind__startswith=asked["kind"])
     if asked["object"]:
         events = events.filter(_object(asked["object"]))
-    return page(
-        request,
-        "portal/events.html",
-        {
-            "page": Paginator(events, PAGE_SIZE).get_page(request.GET.get("page")),
-            "query": urlencode({k: v for k, v in asked.items() if v}),
-            "asked": asked,
-        },
-        project=project,
-    )
+    return _listing(request, project, "portal/events.html", events, asked)
