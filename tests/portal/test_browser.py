@@ -251,6 +251,22 @@ def test_a_member_launches_a_vm_opens_a_port_and_downloads_an_invoice(site, brow
     image = Image.objects.get(project=project, name="scratch")
     assert image.checksum == "sha256:" + hashlib.sha256(disk).hexdigest()
     shot(page, "4b-image-uploaded")
+    # Deleting it asks first: dismissed, nothing is sent; accepted, it goes.
+    questions = []
+
+    def answer(dialog, accept):
+        questions.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, False))
+    page.click('#images tr:has-text("scratch") button.danger')
+    expect(page.locator("#images")).to_contain_text("scratch")
+    assert Image.objects.get(pk=image.pk).state == "active"
+    page.once("dialog", lambda dialog: answer(dialog, True))
+    page.click('#images tr:has-text("scratch") button.danger')
+    expect(page.locator("ul.messages")).to_contain_text("Image scratch deleted.")
+    assert Image.objects.get(pk=image.pk).state == "deleted"
+    assert questions == ["Delete image scratch? Its file goes from the image store."] * 2
 
     # Last month's invoice, as CSV.
     page.click("nav.tabs >> text=Billing")

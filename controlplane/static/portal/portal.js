@@ -1,5 +1,5 @@
-// Kumo portal: the project switcher, spot-notice countdowns, copy buttons and an upload's
-// progress. Everything else is htmx.
+// Kumo portal: the project switcher, spot-notice countdowns, copy buttons, an upload's
+// progress and a question before what cannot be undone. Everything else is htmx.
 document.addEventListener("change", (e) => {
   if (e.target.matches("select[data-autosubmit]")) e.target.form.submit();
 });
@@ -74,3 +74,18 @@ document.addEventListener("htmx:sendError", (e) => {
   const form = uploading(e);
   if (form) uploadLine(form, (say) => say.failed);
 });
+
+// A form that destroys what cannot be had back (data-confirm: a VM's delete, a volume's,
+// a share's, a bucket's; a power-off) asks first. Caught before htmx's own handler sees the
+// submit; without JavaScript the form posts as it always did.
+document.addEventListener(
+  "submit",
+  (e) => {
+    const question = e.target.dataset && e.target.dataset.confirm;
+    if (question && !window.confirm(question)) {
+      e.preventDefault();
+      e.stopImmediatePropagation();
+    }
+  },
+  true,
+);
