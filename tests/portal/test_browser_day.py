@@ -142,6 +142,11 @@ def test_a_researchers_day_and_an_operators_at_two_widths(site, browser):  # noq
     expect(page.locator("#connect .global-ip")).to_have_text(address)
     expect(page.locator("#ssh-command")).to_contain_text(address)
     keep(page, "07-vm-detail")
+    # Its NIC's security groups, on the port's own page.
+    page.click('[data-nic="0"] a')
+    expect(page.locator("#port-groups")).to_contain_text("default")
+    expect(page.locator("#port-security")).to_be_visible()
+    keep(page, "07b-port")
 
     # The bill: last month's invoice and this month's spend.
     page.goto(f"{base}/p/{slug}/billing/")
@@ -157,6 +162,10 @@ def test_a_researchers_day_and_an_operators_at_two_widths(site, browser):  # noq
     page.click("#connection-request button[type=submit]")
     expect(page.locator("#connections")).to_contain_text("to-campus")
     keep(page, "09-connections")
+    # The project's whole event feed.
+    page.goto(f"{base}/p/{slug}/events/")
+    expect(page.locator("#event-filter")).to_be_visible()
+    keep(page, "09b-events")
 
     # Every page of the project fits a phone (those above are kept as screenshots).
     tabs = page.locator("nav.tabs a")
