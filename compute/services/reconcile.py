@@ -27,7 +27,7 @@ from compute.protocol import ABSENT, GUESTS_LIST_TASK, VM_APPLY_TASK, VM_DESCRIB
 from compute.services import reclaim, shelve, spot, steady
 from compute.services.lifecycle import current_operation, desired_power, send_apply
 from compute.services.vms import vm_finish_delete
-from controlplane import agents, audit
+from controlplane import agents, audit, events
 from controlplane.errors import Conflict
 from controlplane.rowjoin import JoinedLookup, RowLookup, pk_param
 from controlplane.services import operation_create, operation_finish
@@ -219,6 +219,14 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
             for k, v in changes.items():
                 setattr(vm, k, v)
             usage.vm_usage_sync(vm, at=now)
+            if changes.get("state") == VmState.ERROR:  # its project hears of it (webhooks)
+                events.emit(
+                    "vm.error",
+                    project=vm.project,
+                    obj=vm,
+                    message=f"VM {vm.name} could not be made on its host: {error}",
+                    payload={"error": error},
+                )
         audit.record("vm.host_error", vm, project=vm.project, detail={"error": error})
         log.warning("vm %s generation %d: host %s failed: %s", vm.pk, generation, host, error)
         _finish_operation(operation_id, vm=vm, ok=False, error=error)

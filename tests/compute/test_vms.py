@@ -15,7 +15,7 @@ from compute.protocol import VM_APPLY_TASK
 from compute.selectors import host_usage_drift
 from compute.services.lifecycle import current_operation
 from controlplane.errors import Conflict, InvalidInput, QuotaExceeded
-from controlplane.models import Operation
+from controlplane.models import Event, Operation
 from tenants import quotas as tenant_quotas
 from tenants import services as tenants
 from tenants.choices import ProjectStatus
@@ -359,6 +359,12 @@ def test_host_error_while_provisioning_is_an_error_state(project, sent):
     vm = fresh(vm)
     assert vm.state == VmState.ERROR and "storage file" in vm.state_reason
     assert Operation.objects.get(kind="vm.create").error_code == "host_error"
+    # Its project hears of it once (its webhooks): the same report delivered again is not
+    # a second failure.
+    report(vm, "unknown", ok=False, error="cannot access storage file")
+    [event] = Event.objects.for_project(project).filter(kind="vm.error")
+    assert (event.object_id, event.payload) == (str(vm.pk), {"error": "cannot access storage file"})
+    assert vm.name in event.message
 
 
 def test_guest_powered_off_from_inside_is_stopped(project, sent):
