@@ -87,6 +87,7 @@ def test_a_member_makes_a_share_from_the_storage_page_audited(login, project, cl
     client = login(member)
     page = client.get(storage_url(project)).content.decode()
     assert 'id="share-create"' in page and 'value="fast"' in page
+    assert 'class="errorlist"' not in page  # a GET shows its forms unbound, without errors
     assert 'value="large"' not in page  # a tier this site does not serve is no choice
     response = make_share(client, project)
     assert response.status_code == 302

@@ -182,10 +182,8 @@ def port_security_groups(request, project, pk):
     port = get_object_or_404(
         Port.objects.for_project(project).select_related("network", "vm"), pk=pk
     )
-    current = {
-        "security_groups": port.security_groups.order_by("name"),
-        "port_security": port.port_security,
-    }
+    groups = list(port.security_groups.order_by("name"))  # shown, and the form's ticks
+    current = {"security_groups": groups, "port_security": port.port_security}
     form = PortSecurityForm(request.POST or None, project=project, initial=current)
     status = 200
     if request.method == "POST":
@@ -200,7 +198,7 @@ def port_security_groups(request, project, pk):
     return page(
         request,
         "portal/network/port.html",
-        {"port": port, "port_name": _port_name(port), "form": form},
+        {"port": port, "port_name": _port_name(port), "groups": groups, "form": form},
         project=project,
         status=status,
     )

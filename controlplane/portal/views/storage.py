@@ -60,16 +60,15 @@ def _render(request, project, *, status=200, **context):
 
 @project_page()
 def storage(request, project):
-    which = request.POST.get("form")
-    if which not in ("bucket", "share"):
-        which = "volume"
-    forms = {
-        "volume": VolumeForm(request.POST if which == "volume" else None),
-        "bucket": BucketForm(request.POST if which == "bucket" else None),
-        "share": ShareForm(request.POST if which == "share" else None),
-    }
-    status = 200
+    # The form posted (a post naming none is the volume's); on a GET every form is unbound.
+    which = None
     if request.method == "POST":
+        which = request.POST.get("form")
+        which = which if which in ("bucket", "share") else "volume"
+    kinds = {"volume": VolumeForm, "bucket": BucketForm, "share": ShareForm}
+    forms = {name: kind(request.POST if name == which else None) for name, kind in kinds.items()}
+    status = 200
+    if which is not None:
         create = {
             "volume": services.volume_create,
             "bucket": services.bucket_create,

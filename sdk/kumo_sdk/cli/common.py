@@ -105,6 +105,11 @@ def target_port(kumo: Client, port: str | None, vm: str | None) -> str:
     raise CliError("give exactly one of --port and --vm")
 
 
+def typed_id(kind: str | None, key: str | None) -> str | None:
+    """An object as a table names it: its type and id (``compute.virtualmachine 3f…``)."""
+    return " ".join(filter(None, [kind, key])) or None
+
+
 def show(items: list[Any], json: bool, columns: list[str], row: Callable[[Any], list]) -> None:
     """A list as a table, or with ``--json`` as the API's JSON."""
     if json:

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from kumo_sdk.cli import output
-from kumo_sdk.cli.common import Json, command, connect, current_project, group, show
+from kumo_sdk.cli.common import Json, command, connect, current_project, group, show, typed_id
 from kumo_sdk.client import Client
 from kumo_sdk.types import Event
 
@@ -52,10 +52,6 @@ def _feed(kumo: Client, project: str, kinds: list[str], object_id: str | None) -
         for kind in dict.fromkeys(kinds)
     ]
     return heapq.merge(*lists, key=lambda e: (e.created_at, e.id), reverse=True)
-
-
-def _object(event: Event) -> str | None:
-    return " ".join(filter(None, [event.object_type, event.object_id])) or None
 
 
 @command(app, "list")
@@ -105,7 +101,7 @@ def event_list(
         events,
         json,
         ["TIME", "KIND", "OBJECT", "MESSAGE"],
-        lambda e: [e.created_at, e.kind, _object(e), e.message],
+        lambda e: [e.created_at, e.kind, typed_id(e.object_type, e.object_id), e.message],
     )
 
 
@@ -125,7 +121,7 @@ def event_show(
             ("id", event.id),
             ("time", event.created_at),
             ("kind", event.kind),
-            ("object", _object(event)),
+            ("object", typed_id(event.object_type, event.object_id)),
             ("message", event.message),
             ("payload", jsonlib.dumps(event.payload, indent=2) if event.payload else None),
         ]

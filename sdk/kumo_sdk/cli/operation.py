@@ -18,15 +18,12 @@ from kumo_sdk.cli.common import (
     group,
     progress,
     show,
+    typed_id,
 )
 from kumo_sdk.errors import OperationFailed
 from kumo_sdk.types import Operation
 
 app = group("The project's operations: asynchronous work (a VM's create, stop ...) and its end.")
-
-
-def _target(operation: Operation) -> str | None:
-    return " ".join(filter(None, [operation.target_type, operation.target_id])) or None
 
 
 def _details(operation: Operation, json: bool) -> None:
@@ -37,7 +34,7 @@ def _details(operation: Operation, json: bool) -> None:
             ("id", operation.id),
             ("kind", operation.kind),
             ("state", operation.state),
-            ("object", _target(operation)),
+            ("object", typed_id(operation.target_type, operation.target_id)),
             ("created", operation.created_at),
             ("updated", operation.updated_at),
             ("deadline", operation.deadline_at),
@@ -77,7 +74,7 @@ def operation_list(
             o.id,
             o.kind,
             o.state,
-            _target(o),
+            typed_id(o.target_type, o.target_id),
             o.created_at,
             o.finished_at,
             o.error_message or o.error_code,
