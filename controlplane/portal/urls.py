@@ -78,6 +78,7 @@ project_urls = [
     path("webhooks/", webhooks.webhooks, name="webhooks"),
     path("webhooks/<int:pk>/delete/", webhooks.webhook_delete, name="webhook-delete"),
     path("settings/", projects.project_settings, name="project-settings"),
+    path("settings/delete/", projects.project_delete, name="project-delete"),
     path("images/", images.images, name="images"),
     path("images/<int:pk>/delete/", images.image_delete, name="image-delete"),
     path("storage/", storage.storage, name="storage"),

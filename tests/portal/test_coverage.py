@@ -28,6 +28,7 @@ PORTAL = {
     f"GET {P}": "portal:dashboard",
     f"PUT {P}": "portal:project-settings",
     f"PATCH {P}": "portal:project-settings",
+    f"DELETE {P}": "portal:project-delete",
     f"GET {P}quota/": "portal:dashboard",
     f"GET {P}forecast/": "portal:billing",
     f"GET {P}reclamation/": "portal:reclamation",
@@ -206,7 +207,6 @@ NOT_IN_PORTAL = {
     # A member's or an admin's, not in the portal yet.
     "POST /api/v1/projects/": "projects are made by approving an application "
     "(portal:applications); making one outright is the operators' (admin console, API)",
-    f"DELETE {P}": f"deleting a whole project: {CLI}",
     f"GET {P}events/{{id}}/": f"one event on its own: {CLI}",
     f"GET {P}operations/": "an operation's progress shows on its object's page (a VM's state "
     f"polls); the list of operations: {CLI}",

@@ -63,6 +63,24 @@ def test_login_project_use_network_and_vm_create_wait(server, hosts, owner, proj
     assert json.loads(kumo_cli("network", "list", "--json").stdout) == []
 
 
+def test_project_delete_refuses_a_project_holding_something_then_deletes_it(
+    server, logged_in, project
+):
+    from tenants.models import Project
+
+    assert json.loads(logged_in.config.read_text())["project"] == project.slug
+    logged_in("network", "create", "lab")
+    refused = logged_in("project", "delete", project.slug, ok=False)
+    assert refused.exit_code == 1
+    assert f"project {project.slug} still holds resources (networks=1)" in refused.stderr
+    assert Project.objects.filter(pk=project.pk).exists()
+    logged_in("network", "delete", "lab")
+    done = logged_in("project", "delete", project.slug)
+    assert f"Project {project.slug} deleted. No project is chosen now" in done.stderr
+    assert not Project.objects.filter(slug=project.slug).exists()
+    assert json.loads(logged_in.config.read_text())["project"] is None
+
+
 def test_errors_are_messages_with_their_fields_and_exit_1(server, logged_in, project):
     logged_in("network", "create", "dup")
     again = logged_in("network", "create", "dup", ok=False)

@@ -1,4 +1,6 @@
-"""`kumo project`: your projects, and which one commands act on."""
+"""`kumo project`: your projects, which one commands act on, and deleting one."""
+
+from typing import Annotated
 
 import typer
 
@@ -40,3 +42,23 @@ def project_use(ctx: typer.Context, slug: str) -> None:
     config.project = project.slug
     config.save()
     output.note(f"Now using project {project.slug} ({project.name}) as {project.my_role}.")
+
+
+@command(app, "delete")
+def project_delete(
+    ctx: typer.Context,
+    slug: Annotated[
+        str, typer.Argument(help="The project's slug, in full: never the current one unnamed.")
+    ],
+) -> None:
+    """Delete project SLUG (its owner). Only a project that holds nothing and was never
+    billed goes; one that ran anything ends with its validity instead, its bills kept."""
+    with connect(ctx) as kumo:
+        kumo.projects.delete(slug)
+    config = Config.load()
+    if config.project == slug:
+        config.project = None
+        config.save()
+        output.note(f"Project {slug} deleted. No project is chosen now: kumo project use SLUG.")
+    else:
+        output.note(f"Project {slug} deleted.")
