@@ -83,3 +83,16 @@ def test_the_questions_are_in_japanese_for_a_japanese_reader(login, project, clo
     page = client.get(url("storage", project), HTTP_ACCEPT_LANGUAGE="ja")
     asked = questions(page)[url("volume-delete", project, pk=volume.pk)]
     assert "scratch" in asked and "Delete" not in asked
+
+
+def test_a_vms_buttons_and_questions_are_in_japanese_for_a_japanese_reader(login, project, cloud):
+    vm = make_vm(project, template=cloud["cpu"], image=cloud["image"], name="train-1")
+    VirtualMachine.objects.filter(pk=vm.pk).update(state=VmState.RUNNING)
+    client = login(cloud["users"][Role.MEMBER])
+    page = client.get(url("vm-detail", project, pk=vm.pk), HTTP_ACCEPT_LANGUAGE="ja")
+    delete = url("vm-action", project, pk=vm.pk, action="delete")
+    asked = questions(page)[delete]
+    assert asked.startswith("VM train-1 を削除しますか") and "Delete" not in asked
+    text = page.content.decode()
+    assert 'data-action="delete" class="danger">削除</button>' in text
+    assert 'data-action="stop">停止</button>' in text

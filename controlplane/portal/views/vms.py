@@ -3,6 +3,8 @@
 and its actions. The detail page polls ``vm_state``, whose answer carries the state panel
 and, out of band, the action buttons and the page's note, so nothing on it goes stale."""
 
+from dataclasses import dataclass
+
 from django.conf import settings
 from django.contrib import messages
 from django.db.models import Prefetch
@@ -10,7 +12,7 @@ from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 from django.views.decorators.http import require_POST
 
 from compute import services
@@ -37,6 +39,27 @@ ACTIONS = {
     "shelve": services.vm_shelve,
     "unshelve": services.vm_unshelve,
     "delete": services.vm_delete,
+}
+
+# Each button's label ("VM action" tells Start and Stop apart from other starts and stops).
+ACTION_LABEL = {
+    "start": pgettext_lazy("VM action", "Start"),
+    "stop": pgettext_lazy("VM action", "Stop"),
+    "reboot": pgettext_lazy("VM action", "Reboot"),
+    "reset": pgettext_lazy("VM action", "Reset"),
+    "power_off": gettext_lazy("Power off"),
+    "shelve": pgettext_lazy("VM action", "Shelve"),
+    "unshelve": pgettext_lazy("VM action", "Unshelve"),
+    "delete": pgettext_lazy("VM action", "Delete"),
+}
+
+# What cannot be undone asks first (``data-confirm``), naming the VM; its button is red.
+ACTION_QUESTION = {
+    "delete": gettext_lazy("Delete VM %(name)s? Its disk and everything on it go with it."),
+    "power_off": gettext_lazy(
+        "Power off VM %(name)s without shutting it down? Work it has not saved is lost."
+    ),
+    "reset": gettext_lazy("Reset VM %(name)s? It restarts at once; work it has not saved is lost."),
 }
 
 # What a button's success says (the English of each is "<Action> of VM <name> requested.").
@@ -256,8 +279,21 @@ def vm_note(vm: VirtualMachine) -> str:
     return f"VM {vm.name} is {vm.state}{doing}."
 
 
-def _buttons(vm: VirtualMachine) -> list[str]:
-    return [a for a in ACTIONS if a in allowed_actions(vm)]
+@dataclass(frozen=True)
+class Button:
+    action: str
+    label: str
+    question: str  # "" for an action that can be undone
+
+
+def _buttons(vm: VirtualMachine) -> list[Button]:
+    """The VM's action buttons, in ``ACTIONS``' order, for the actions its state allows."""
+    allowed = allowed_actions(vm)
+    return [
+        Button(a, str(ACTION_LABEL[a]), str(ACTION_QUESTION.get(a, "")) % {"name": vm.name})
+        for a in ACTIONS
+        if a in allowed
+    ]
 
 
 @project_page()
@@ -285,7 +321,7 @@ def vm_detail(request, project, pk):
         "portal/vms/detail.html",
         {
             "vm": vm,
-            "allowed": _buttons(vm),
+            "buttons": _buttons(vm),
             "flash": flash,
             "messages": [],
             "connect": connect_info(project, vm, ports, request.user),
@@ -379,7 +415,7 @@ def vm_state(request, project, pk):
     return page(
         request,
         "portal/vms/state.html",
-        {"vm": vm, "allowed": _buttons(vm), "note": vm_note(vm)},
+        {"vm": vm, "buttons": _buttons(vm), "note": vm_note(vm)},
         project=project,
     )
 
