@@ -231,23 +231,26 @@ NOT_IN_PORTAL = {
     f"POST {A}host-networks/{{host}}/resync/": f"{ADMIN_CONSOLE}: Host networks, resend desired",
     f"PATCH {A}hosts/{{name}}/": ADMIN_CONSOLE,
     f"POST {A}hosts/{{name}}/ping/": f"{ADMIN_CONSOLE}: Hosts, ping",
-    f"POST {A}hosts/{{name}}/guests/": f"asking a host's libvirt for its guests: {CLI}",
+    f"POST {A}hosts/{{name}}/guests/": "asking a host's libvirt for its guests: "
+    "`kumo admin host guests`",
     f"GET {A}images/": ADMIN_CONSOLE,
     f"POST {A}images/": ADMIN_CONSOLE,
     f"GET {A}images/{{id}}/": ADMIN_CONSOLE,
     f"DELETE {A}images/{{id}}/": ADMIN_CONSOLE,
-    f"PUT {A}images/{{id}}/file/": f"uploading a public image's file (gigabytes): {CLI}",
+    f"PUT {A}images/{{id}}/file/": "uploading a public image's file (gigabytes): "
+    "`kumo admin image upload`",
     f"GET {A}institution-reviewers/": ADMIN_CONSOLE,
     f"POST {A}institution-reviewers/": ADMIN_CONSOLE,
     f"GET {A}institution-reviewers/{{id}}/": ADMIN_CONSOLE,
     f"DELETE {A}institution-reviewers/{{id}}/": ADMIN_CONSOLE,
     f"GET {A}invoices/": ADMIN_CONSOLE,
     f"GET {A}invoices/{{id}}/": ADMIN_CONSOLE,
-    f"GET {A}invoices/{{id}}/csv/": f"any project's invoice as CSV: {CLI}",
-    f"GET {A}invoices/{{id}}/json/": f"any project's signed invoice: {CLI}",
+    f"GET {A}invoices/{{id}}/csv/": "any project's invoice as CSV: `kumo admin invoice download`",
+    f"GET {A}invoices/{{id}}/json/": "any project's signed invoice: "
+    "`kumo admin invoice download --format json`",
     f"GET {A}invoices/{{id}}/verify/": f"{ADMIN_CONSOLE}: Invoices, verify",
     f"POST {A}invoices/issue/": f"{ADMIN_CONSOLE} (Projects, issue last month's); another "
-    f"period: {CLI}",
+    "period: `kumo admin invoice issue`",
     f"GET {A}operations/": ADMIN_CONSOLE,
     f"GET {A}operations/{{id}}/": ADMIN_CONSOLE,
     f"GET {A}points/": ADMIN_CONSOLE,
@@ -267,7 +270,8 @@ NOT_IN_PORTAL = {
     f"POST {A}users/": ADMIN_CONSOLE,
     f"GET {A}vms/": ADMIN_CONSOLE,
     f"GET {A}vms/{{id}}/": ADMIN_CONSOLE,
-    f"POST {A}vms/{{id}}/describe/": f"asking a VM's host for its libvirt domain: {CLI}",
+    f"POST {A}vms/{{id}}/describe/": "asking a VM's host for its libvirt domain: "
+    "`kumo admin vm describe`",
     f"GET {A}volumes/": ADMIN_CONSOLE,
     f"GET {A}volumes/{{id}}/": ADMIN_CONSOLE,
 }

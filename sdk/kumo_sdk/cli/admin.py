@@ -1,22 +1,49 @@
-"""`kumo admin`: the operators' commands (staff tokens only): hosts, devices, rate cards,
-capacity guarantees, institutional reviewers."""
+"""`kumo admin`: the operators' commands (staff tokens only): hosts and what their libvirt
+holds, VMs, devices, public images, rate cards, invoices, capacity guarantees, institutional
+reviewers."""
 
+import re
+from datetime import date
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kumo_sdk.cli import output
-from kumo_sdk.cli.common import Json, command, connect, group, show
+from kumo_sdk.cli.common import (
+    CliError,
+    Json,
+    Timeout,
+    Wait,
+    command,
+    connect,
+    group,
+    show,
+    wait_operation,
+)
+from kumo_sdk.cli.invoice import FormatOpt, InvoiceFormat, InvoiceId, OutputOpt, emit_download
 from kumo_sdk.cli.lease import LendIdle, lending_changed, lending_said
+from kumo_sdk.client import Client
+from kumo_sdk.errors import NotFound, OperationFailed
+from kumo_sdk.types import Operation
 
-app = group("Operators only: hosts, devices, rate cards, capacity guarantees, reviewers.")
+app = group(
+    "Operators only: hosts, VMs, devices, public images, rate cards, invoices, capacity "
+    "guarantees, reviewers."
+)
 host_app = group("The fleet's hosts.")
+vm_app = group("Every project's VMs, as their hosts' libvirt holds them.")
 device_app = group("The hosts' PCI devices (GPUs, RDMA functions).")
+image_app = group("Public images.")
 rate_app = group("Rate card versions.")
+invoice_app = group("Every project's invoices.")
 guarantee_app = group("Projects' guaranteed GPU minimums.")
 app.add_typer(host_app, name="host")
+app.add_typer(vm_app, name="vm")
 app.add_typer(device_app, name="device")
+app.add_typer(image_app, name="image")
 app.add_typer(rate_app, name="rate-card")
+app.add_typer(invoice_app, name="invoice")
 reviewer_app = group(
     "Institutional reviewers: who reviews the applications of one institution's people."
 )
@@ -58,6 +85,96 @@ def host_state(
     output.note(f"Host {host.name} is {host.state}.")
 
 
+def _answer(
+    kumo: Client, operation: Operation, asked: str, wait: bool, timeout: float, json: bool
+) -> Operation | None:
+    """A question put to a host (an operation): without ``wait``, its id and where to follow
+    it, and None; with ``wait``, the operation once it succeeded (one that failed is printed
+    with ``--json``, then raised for ``command`` to report)."""
+    if not wait:
+        if json:
+            output.emit_json(operation.raw)
+        else:
+            output.note(
+                f"Asked {asked}: operation {operation.id}; its answer will be in its result at "
+                f"{operation.url} (or ask again with --wait)."
+            )
+        return None
+    try:
+        return wait_operation(kumo, operation, label=f"operation {operation.id}", timeout=timeout)
+    except OperationFailed as failed:
+        if json:
+            output.emit_json(failed.operation.raw)
+        raise
+
+
+@command(host_app, "guests")
+def host_guests(
+    ctx: typer.Context,
+    name: Annotated[
+        str, typer.Argument(metavar="NAME", help="The host's name (kumo admin host list).")
+    ],
+    wait: Wait = False,
+    timeout: Timeout = 600.0,
+    json: Json = False,
+) -> None:
+    """Ask a host's agent for the Kumo guests its libvirt holds. With --wait, list them: NAME
+    is the VM Kumo places on that host under the guest's id (none: Kumo has no VM for it
+    there)."""
+    with connect(ctx) as kumo:
+        operation = kumo.admin.hosts.guests(name)
+        done = _answer(kumo, operation, f"host {name} for its guests", wait, timeout, json)
+        if done is None:
+            return None
+        if json:
+            return output.emit_json(done.raw)
+        guests = done.result.get("guests")
+        if not isinstance(guests, list):  # an answer this CLI does not know: as it came
+            return output.emit_json(done.result)
+        names = {vm.id: vm.name for vm in kumo.admin.vms.list(host=name)}
+    output.note(f"Kumo guests in host {name}'s libvirt: {len(guests)}.")
+    output.table(
+        ["VM ID", "NAME", "POWER", "GENERATION", "CPU SECONDS"],
+        [
+            [
+                g.get("vm_id"),
+                names.get(g.get("vm_id")),
+                g.get("power"),
+                g.get("generation"),
+                f"{g['cpu_time_ns'] / 1e9:.1f}" if g.get("cpu_time_ns") is not None else None,
+            ]
+            for g in guests
+        ],
+    )
+
+
+@command(vm_app, "describe")
+def vm_describe(
+    ctx: typer.Context,
+    vm_id: Annotated[str, typer.Argument(metavar="VM_ID", help="The VM's id (any project's).")],
+    wait: Wait = False,
+    timeout: Timeout = 600.0,
+    json: Json = False,
+) -> None:
+    """Ask a VM's host for the guest as libvirt holds it. With --wait, print its domain XML
+    as is (its power state and generation on standard error)."""
+    with connect(ctx) as kumo:
+        operation = kumo.admin.vms.describe(vm_id)
+        done = _answer(kumo, operation, f"VM {vm_id}'s host for its domain", wait, timeout, json)
+    if done is None:
+        return None
+    if json:
+        return output.emit_json(done.raw)
+    xml = done.result.get("domain_xml")
+    if not isinstance(xml, str):  # an answer this CLI does not know: as it came
+        return output.emit_json(done.result)
+    output.note(
+        f"VM {vm_id} as libvirt holds it: {done.result.get('power')}, generation "
+        f"{done.result.get('generation')}."
+    )
+    typer.echo(xml, nl=not xml.endswith("\n"))
+
+
 @command(device_app, "list")
 def device_list(
     ctx: typer.Context,
@@ -95,6 +212,108 @@ def rate_card_list(ctx: typer.Context, json: Json = False) -> None:
             [f"{p.resource}{' ' + p.model if p.model else ''}: {p.unit_price}" for p in c.prices],
         ],
     )
+
+
+def _public_image_id(kumo: Client, image: str) -> int:
+    """An id as given; a name as the one public image of that name awaiting its file."""
+    if image.isdigit():
+        return int(image)
+    found = kumo.admin.images.list(name=image, visibility="public", state="uploading")
+    ids = [i.id for i in found]
+    if not ids:
+        raise NotFound(404, "not_found", f"no public image named {image!r} is uploading")
+    if len(ids) > 1:
+        raise CliError(f"{len(ids)} public images named {image!r} are uploading (ids {ids})")
+    return ids[0]
+
+
+@command(image_app, "upload")
+def image_upload(
+    ctx: typer.Context,
+    image: Annotated[
+        str,
+        typer.Argument(
+            metavar="IMAGE", help="The public image's id or name (it is uploading: just made)."
+        ),
+    ],
+    path: Annotated[Path, typer.Argument(metavar="FILE", help="The disk image file.")],
+    json: Json = False,
+) -> None:
+    """Upload a public image's file: streamed from the file, checked by SHA-256."""
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} is not a file", param_hint="FILE")
+    with connect(ctx) as kumo:
+        done = kumo.admin.images.upload(_public_image_id(kumo, image), path)
+    if json:
+        return output.emit_json(done.raw)
+    output.note(
+        f"Image {done.name} is {done.state}: {done.size_bytes} bytes, {done.checksum} "
+        f"(id {done.id})."
+    )
+
+
+def _period(text: str) -> str | date:
+    """``YYYY-MM`` as given, or a date in the month."""
+    if re.fullmatch(r"[0-9]{4}-(0[1-9]|1[0-2])", text):
+        return text
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is neither a month (YYYY-MM) nor a date (YYYY-MM-DD)",
+            param_hint="PERIOD",
+        ) from None
+
+
+@command(invoice_app, "issue")
+def invoice_issue(
+    ctx: typer.Context,
+    period: Annotated[
+        str,
+        typer.Argument(
+            metavar="PERIOD", help="The month, YYYY-MM, or a date in it; it must have ended."
+        ),
+    ],
+    project: Annotated[
+        str | None,
+        typer.Option(help="Only this project's (its slug); else every project with usage."),
+    ] = None,
+    json: Json = False,
+) -> None:
+    """Issue a month's invoices; a project invoiced already keeps its own (not listed)."""
+    month = _period(period)
+    with connect(ctx) as kumo:
+        issued = kumo.admin.invoices.issue(month, project=project)
+    if not issued and not json:
+        label = month if isinstance(month, str) else f"{month:%Y-%m}"
+        output.note(f"No new invoice for {label}: no usage, or invoiced already.")
+    show(
+        issued,
+        json,
+        ["ID", "PROJECT", "PERIOD", "CURRENCY", "TOTAL", "DUE", "ISSUED"],
+        lambda i: [
+            i.id,
+            i.project,
+            f"{i.period_start:%Y-%m}",
+            i.currency,
+            i.total,
+            i.amount_due,
+            i.issued_at,
+        ],
+    )
+
+
+@command(invoice_app, "download")
+def invoice_download(
+    ctx: typer.Context,
+    invoice_id: InvoiceId,
+    format: FormatOpt = InvoiceFormat.csv,
+    out: OutputOpt = None,
+) -> None:
+    """Download any project's invoice as CSV or JSON, to standard output or a file."""
+    with connect(ctx) as kumo:
+        body = kumo.admin.invoices.download(invoice_id, format=format.value)
+    emit_download(invoice_id, body, out)
 
 
 @command(guarantee_app, "list")

@@ -14,6 +14,7 @@ from kumo_sdk.cli import output
 from kumo_sdk.cli.config import Config, ConfigError, config_path
 from kumo_sdk.client import Client
 from kumo_sdk.errors import ApiError, KumoError
+from kumo_sdk.types import Operation
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,6 +88,23 @@ def progress(label: str) -> Iterator[Callable[[str], None]]:
     ) as bar:
         task = bar.add_task(label)
         yield lambda state: bar.update(task, description=f"{label}: {state}")
+
+
+def wait_operation(
+    kumo: Client,
+    operation: Operation | str,
+    *,
+    label: str,
+    timeout: float,
+    project: str | None = None,
+) -> Operation:
+    """Poll ``operation`` (an id is looked up in ``project``) with a spinner showing its
+    state until it finishes: the operation once it succeeded; ``OperationFailed`` (holding
+    the failed operation) or ``OperationTimeout`` otherwise, which ``command`` reports."""
+    with progress(label) as report:
+        return kumo.operations.wait(
+            operation, project=project, timeout=timeout, on_poll=lambda o: report(o.state)
+        )
 
 
 PortOpt = Annotated[str | None, typer.Option("--port", help="A port id.")]

@@ -47,24 +47,35 @@ class InvoiceFormat(StrEnum):
     json = "json"
 
 
+# ``kumo invoice download`` and ``kumo admin invoice download`` take the same arguments.
+InvoiceId = Annotated[int, typer.Argument(metavar="ID", help="The invoice's id.")]
+FormatOpt = Annotated[
+    InvoiceFormat, typer.Option("--format", help="csv, or json (its canonical document).")
+]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
+]
+
+
+def emit_download(invoice_id: int, body: bytes, out: Path | None) -> None:
+    """An invoice's bytes to standard output, or to ``out`` with a note of what was written."""
+    if out is None:
+        typer.echo(body.decode("utf-8"), nl=not body.endswith(b"\n"))
+        return
+    out.write_bytes(body)
+    output.note(f"Invoice {invoice_id} written to {out} ({len(body)} bytes).")
+
+
 @command(app, "download")
 def invoice_download(
     ctx: typer.Context,
-    invoice_id: Annotated[int, typer.Argument(metavar="ID", help="The invoice's id.")],
-    format: Annotated[
-        InvoiceFormat, typer.Option("--format", help="csv, or json (its canonical document).")
-    ] = InvoiceFormat.csv,
-    out: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write to this file, not stdout.")
-    ] = None,
+    invoice_id: InvoiceId,
+    format: FormatOpt = InvoiceFormat.csv,
+    out: OutputOpt = None,
 ) -> None:
     """Download an invoice as CSV or JSON, to standard output or a file."""
     with connect(ctx) as kumo:
         body = kumo.invoices.download(
             invoice_id, format=format.value, project=current_project(kumo)
         )
-    if out is None:
-        typer.echo(body.decode("utf-8"), nl=not body.endswith(b"\n"))
-        return
-    out.write_bytes(body)
-    output.note(f"Invoice {invoice_id} written to {out} ({len(body)} bytes).")
+    emit_download(invoice_id, body, out)

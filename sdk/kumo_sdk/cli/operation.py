@@ -16,9 +16,9 @@ from kumo_sdk.cli.common import (
     connect,
     current_project,
     group,
-    progress,
     show,
     typed_id,
+    wait_operation,
 )
 from kumo_sdk.errors import OperationFailed
 from kumo_sdk.types import Operation
@@ -97,15 +97,15 @@ def operation_show(
         if not wait:
             operation = kumo.operations.get(operation_id, project=project)
         else:
-            with progress(f"operation {operation_id}") as report:
-                try:
-                    operation = kumo.operations.wait(
-                        operation_id,
-                        project=project,
-                        timeout=timeout,
-                        on_poll=lambda o: report(o.state),
-                    )
-                except OperationFailed as failed:
-                    _details(failed.operation, json)
-                    raise
+            try:
+                operation = wait_operation(
+                    kumo,
+                    operation_id,
+                    label=f"operation {operation_id}",
+                    timeout=timeout,
+                    project=project,
+                )
+            except OperationFailed as failed:
+                _details(failed.operation, json)
+                raise
     _details(operation, json)
