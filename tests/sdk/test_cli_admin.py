@@ -48,7 +48,14 @@ def test_host_guests_and_vm_describe_ask_the_simulated_hosts_libvirt(
     log_in(kumo_cli, server, operator)
     asked = kumo_cli("admin", "host", "guests", hosts[0])
     assert asked.stdout == ""
-    assert re.search(r"Asked host cpu-01 for its guests: operation [0-9a-f-]{36}", asked.stderr)
+    said = re.search(r"Asked host cpu-01 for its guests: operation ([0-9a-f-]{36})", asked.stderr)
+    assert said and f"kumo admin operation show {said[1]} --wait" in asked.stderr
+    followed = kumo_cli("admin", "operation", "show", said[1], "--wait", "--json")
+    answer = json.loads(followed.stdout)  # a host's operation: in no project
+    assert (answer["id"], answer["kind"], answer["state"]) == (said[1], "host.guests", "succeeded")
+    assert [g["vm_id"] for g in answer["result"]["guests"]] == [vm["id"]]
+    shown = kumo_cli("admin", "operation", "show", said[1]).stdout
+    assert "succeeded" in shown and vm["id"] in shown  # its result, the guests
 
     listed = kumo_cli("admin", "host", "guests", hosts[0], "--wait", "--timeout", "60")
     [row] = [line for line in listed.stdout.splitlines() if vm["id"] in line]

@@ -23,6 +23,7 @@ from kumo_sdk.cli.common import (
 )
 from kumo_sdk.cli.invoice import FormatOpt, InvoiceFormat, InvoiceId, OutputOpt, emit_download
 from kumo_sdk.cli.lease import LendIdle, lending_changed, lending_said
+from kumo_sdk.cli.operation import show_operation
 from kumo_sdk.client import Client
 from kumo_sdk.errors import NotFound, OperationFailed
 from kumo_sdk.types import Operation
@@ -38,6 +39,7 @@ image_app = group("Public images.")
 rate_app = group("Rate card versions.")
 invoice_app = group("Every project's invoices.")
 guarantee_app = group("Projects' guaranteed GPU minimums.")
+operation_app = group("Every operation: any project's, and the hosts' (which have none).")
 app.add_typer(host_app, name="host")
 app.add_typer(vm_app, name="vm")
 app.add_typer(device_app, name="device")
@@ -48,6 +50,7 @@ reviewer_app = group(
     "Institutional reviewers: who reviews the applications of one institution's people."
 )
 app.add_typer(guarantee_app, name="guarantee")
+app.add_typer(operation_app, name="operation")
 app.add_typer(reviewer_app, name="reviewer")
 
 
@@ -96,16 +99,32 @@ def _answer(
             output.emit_json(operation.raw)
         else:
             output.note(
-                f"Asked {asked}: operation {operation.id}; its answer will be in its result at "
-                f"{operation.url} (or ask again with --wait)."
+                f"Asked {asked}: operation {operation.id}; its answer will be in its result:"
+                f" kumo admin operation show {operation.id} --wait."
             )
         return None
     try:
-        return wait_operation(kumo, operation, label=f"operation {operation.id}", timeout=timeout)
+        return wait_operation(
+            kumo.admin.operations, operation, label=f"operation {operation.id}", timeout=timeout
+        )
     except OperationFailed as failed:
         if json:
             output.emit_json(failed.operation.raw)
         raise
+
+
+@command(operation_app, "show")
+def admin_operation_show(
+    ctx: typer.Context,
+    operation_id: Annotated[str, typer.Argument(metavar="ID", help="The operation's id.")],
+    wait: Wait = False,
+    timeout: Timeout = 600.0,
+    json: Json = False,
+) -> None:
+    """Any operation: its object, state, result or error (a host's answer is its result).
+    With --wait, poll until it finishes; one that failed exits with 1."""
+    with connect(ctx) as kumo:
+        show_operation(kumo.admin.operations, operation_id, wait=wait, timeout=timeout, json=json)
 
 
 @command(host_app, "guests")

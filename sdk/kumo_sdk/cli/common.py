@@ -14,6 +14,7 @@ from kumo_sdk.cli import output
 from kumo_sdk.cli.config import Config, ConfigError, config_path
 from kumo_sdk.client import Client
 from kumo_sdk.errors import ApiError, KumoError
+from kumo_sdk.resources.operations import Operations
 from kumo_sdk.types import Operation
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,18 +92,20 @@ def progress(label: str) -> Iterator[Callable[[str], None]]:
 
 
 def wait_operation(
-    kumo: Client,
+    operations: Operations,
     operation: Operation | str,
     *,
     label: str,
     timeout: float,
     project: str | None = None,
 ) -> Operation:
-    """Poll ``operation`` (an id is looked up in ``project``) with a spinner showing its
+    """Poll ``operation`` through ``operations`` (``kumo.operations``, or
+    ``kumo.admin.operations`` for any project's and the hosts') with a spinner showing its
     state until it finishes: the operation once it succeeded; ``OperationFailed`` (holding
-    the failed operation) or ``OperationTimeout`` otherwise, which ``command`` reports."""
+    the failed operation) or ``OperationTimeout`` otherwise, which ``command`` reports. An
+    id is looked up in ``project``."""
     with progress(label) as report:
-        return kumo.operations.wait(
+        return operations.wait(
             operation, project=project, timeout=timeout, on_poll=lambda o: report(o.state)
         )
 

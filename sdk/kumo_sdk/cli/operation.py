@@ -21,6 +21,7 @@ from kumo_sdk.cli.common import (
     wait_operation,
 )
 from kumo_sdk.errors import OperationFailed
+from kumo_sdk.resources.operations import Operations
 from kumo_sdk.types import Operation
 
 app = group("The project's operations: asynchronous work (a VM's create, stop ...) and its end.")
@@ -82,6 +83,35 @@ def operation_list(
     )
 
 
+def show_operation(
+    operations: Operations,
+    operation_id: str,
+    *,
+    wait: bool,
+    timeout: float,
+    json: bool,
+    project: str | None = None,
+) -> None:
+    """``operation_id`` read through ``operations`` (the project's, or the operators' view
+    of all), or with ``wait`` polled until it finishes; shown. One that failed is shown,
+    then raised for ``command`` to report (exit 1)."""
+    if not wait:
+        operation = operations.get(operation_id, project=project)
+    else:
+        try:
+            operation = wait_operation(
+                operations,
+                operation_id,
+                label=f"operation {operation_id}",
+                timeout=timeout,
+                project=project,
+            )
+        except OperationFailed as failed:
+            _details(failed.operation, json)
+            raise
+    _details(operation, json)
+
+
 @command(app, "show")
 def operation_show(
     ctx: typer.Context,
@@ -93,19 +123,11 @@ def operation_show(
     """One operation: its object, state, result or error. With --wait, poll until it
     finishes: one that failed is shown, then its error, and the command exits with 1."""
     with connect(ctx) as kumo:
-        project = current_project(kumo)
-        if not wait:
-            operation = kumo.operations.get(operation_id, project=project)
-        else:
-            try:
-                operation = wait_operation(
-                    kumo,
-                    operation_id,
-                    label=f"operation {operation_id}",
-                    timeout=timeout,
-                    project=project,
-                )
-            except OperationFailed as failed:
-                _details(failed.operation, json)
-                raise
-    _details(operation, json)
+        show_operation(
+            kumo.operations,
+            operation_id,
+            wait=wait,
+            timeout=timeout,
+            json=json,
+            project=current_project(kumo),
+        )
