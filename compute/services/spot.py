@@ -771,7 +771,9 @@ def _place_waiter(waiter_id, host_id: int) -> None:
             from network import services as network
 
             network.ports_bind(waiter)
-    except (NoValidHost, placement.ClaimConflict) as e:
+    except (NoValidHost, placement.ClaimConflict, Conflict) as e:
+        # (A Conflict: its RDMA port found no free virtual function there.) The savepoint
+        # undid the claim; the VM waits for room again.
         reason = f"the room freed on its host was not enough ({e}); waiting for room"
         VirtualMachine.objects.filter(pk=waiter.pk).update(
             reserved_host=None, state_reason=reason[:500]

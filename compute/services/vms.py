@@ -237,25 +237,28 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
         if plain and size in no_room:
             continue
         roomy.clear()  # an attempt (a claim, a preemption's reservation) changes the view
-        with transaction.atomic():
-            vm, claimed = placement.pending_claimed(queued)  # locked, and placed if it can be
-            if vm is None:
-                continue  # placed, deleted, or now waiting for evictions meanwhile
-            try:
-                place(vm, claimed=claimed is not None)
-            except NoValidHost as e:
-                if vm.state_reason != e.reason[:500]:
-                    VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
-                if plain:
-                    no_room[size] = e.reason[:500]
-                if vm.priority == Priority.ON_DEMAND:
-                    from compute.services import spot
+        try:
+            with transaction.atomic():
+                vm, claimed = placement.pending_claimed(queued)  # locked, and placed if it can be
+                if vm is None:
+                    continue  # placed, deleted, or now waiting for evictions meanwhile
+                try:
+                    place(vm, claimed=claimed is not None)
+                except NoValidHost as e:
+                    if vm.state_reason != e.reason[:500]:
+                        VirtualMachine.objects.filter(pk=vm.pk).update(state_reason=e.reason[:500])
+                    if plain:
+                        no_room[size] = e.reason[:500]
+                    if vm.priority == Priority.ON_DEMAND:
+                        from compute.services import spot
 
-                    spot.preempt_for(vm)
-                continue
-            audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
-            send_apply(vm, operation_id=current_operation(vm))
-            placed += 1
+                        spot.preempt_for(vm)
+                    continue
+                audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
+                send_apply(vm, operation_id=current_operation(vm))
+                placed += 1
+        except Conflict as e:
+            _refused_in_pass(queued, e)
     for size, reason in no_room.items():
         if not untold.get(size, True):  # (a size not read at the start: one queued meanwhile)
             continue
@@ -265,6 +268,19 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
         # long queue at every pass.
         plain_spot.filter(UNTOLD, **_of_size(size)).update(state_reason=reason)
     return placed
+
+
+def _refused_in_pass(queued: placement.Queued, refusal: Conflict) -> None:
+    """A VM the pass could not place where its claim went (its RDMA port found no free
+    virtual function on that host): the VM's transaction rolled back, claim and all. It
+    waits with the reason, and the pass goes on with the others. This process's view of
+    the hosts, which still counts the rolled-back claim, is read again for the next
+    decision."""
+    log.warning("vm %s: not placed in this pass: %s", queued.pk, refusal.message)
+    VirtualMachine.objects.filter(pk=queued.pk, state=VmState.PENDING).update(
+        state_reason=f"waiting: {refusal.message}"[:500]
+    )
+    placement.view.invalidate()
 
 
 def _queue_head(pending, roomy: set[tuple], limit: int) -> list[placement.Queued]:
