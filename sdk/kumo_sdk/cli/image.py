@@ -78,7 +78,9 @@ def image_show(ctx: typer.Context, image: ImageArg, json: Json = False) -> None:
 @command(app, "upload")
 def image_upload(
     ctx: typer.Context,
-    path: Annotated[Path, typer.Argument(help="The disk image file (qcow2 or raw).")],
+    path: Annotated[
+        Path, typer.Argument(metavar="PATH", help="The disk image file (qcow2 or raw).")
+    ],
     name: Annotated[str, typer.Option(help="The image's name.")],
     os_distro: Annotated[str, typer.Option(help="e.g. debian.")],
     disk_format: Annotated[str, typer.Option("--format", help="qcow2 or raw.")] = "qcow2",
