@@ -722,6 +722,40 @@ def release(vm: VirtualMachine) -> None:
         memory_mib_used=F("memory_mib_used") - vm.memory_mib,
     )
     _refresh_after_commit(vm.host_id)
+    _pass_after_commit()
+
+
+# The cache key a release sets when it asks for a pass: the releases after it, while it
+# lives, find the pass asked for.
+_PASS_ASKED = "kumo.compute.pass-asked"
+
+
+def _pass_after_commit() -> None:
+    """Once the caller commits the release, ask for a scheduling pass
+    (``vm_schedule_pending``, a control task) ``KUMO_SCHEDULE_ON_RELEASE_S`` from then, so
+    a VM waiting for the room takes it then rather than at beat's next pass. The first
+    release asks; the ones after it, until that pass is due, find it asked (a cache key
+    that lives as long as the delay: each of them committed before the pass begins). A
+    lost message costs only the wait for beat's pass."""
+    delay = settings.SCHEDULE_ON_RELEASE_S
+    if not delay:
+        return
+
+    def ask() -> None:
+        from django.core.cache import cache
+
+        from compute.protocol import SCHEDULE_PENDING_TASK
+        from controlplane.celery import app
+
+        if cache.add(_PASS_ASKED, True, timeout=delay):
+            app.send_task(
+                SCHEDULE_PENDING_TASK,
+                kwargs={},
+                queue=settings.CELERY_TASK_DEFAULT_QUEUE,
+                countdown=delay,
+            )
+
+    transaction.on_commit(ask, robust=True)
 
 
 def _refresh_after_commit(host_id: int) -> None:

@@ -17,6 +17,9 @@ VM_CONSOLE_LOG_TASK = "kumo.host.compute.vm_console_log"
 CONSOLE_LOG_MAX_BYTES = 65536  # what the console log keeps and answers, as Nova's
 GUESTS_LIST_TASK = "kumo.host.compute.guests_list"
 
+# The controller's own task that places waiting VMs (beat's, and a release's: ``compute.tasks``).
+SCHEDULE_PENDING_TASK = "kumo.control.vms_schedule_pending"
+
 # Reports, to the controller's queue.
 INVENTORY_REPORT = "compute.inventory"
 GUESTS_REPORT = "compute.guests"

@@ -3,6 +3,7 @@
 from celery import shared_task
 
 from compute import services
+from compute.protocol import SCHEDULE_PENDING_TASK
 from controlplane import audit
 
 
@@ -12,7 +13,7 @@ def hosts_check() -> list[str]:
     return services.hosts_check()
 
 
-@shared_task(name="kumo.control.vms_schedule_pending", acks_late=True, time_limit=120)
+@shared_task(name=SCHEDULE_PENDING_TASK, acks_late=True, time_limit=120)
 @audit.as_controller
 def vms_schedule_pending() -> int:
     return services.vm_schedule_pending()

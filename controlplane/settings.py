@@ -294,6 +294,11 @@ OPERATION_DEADLINE_S = int(os.environ.get("KUMO_OPERATION_DEADLINE_S", "900"))
 # KUMO_SCHEDULER_VIEW_TTL_S: how long a process keeps its in-memory view of the hosts before
 # reloading it. Staleness costs only retries: every claim re-checks in the database.
 SCHEDULER_VIEW_TTL_S = float(os.environ.get("KUMO_SCHEDULER_VIEW_TTL_S", "10"))
+# KUMO_SCHEDULE_ON_RELEASE_S: capacity freed (a VM deleted, shelved, or stopped by its
+# eviction) asks for a scheduling pass this many seconds after its commit, so a waiting VM
+# takes it then, not at beat's next pass (every 15 s); releases within that time share the
+# pass. 0 turns it off (beat's pass alone).
+SCHEDULE_ON_RELEASE_S = float(os.environ.get("KUMO_SCHEDULE_ON_RELEASE_S", "1"))
 # KUMO_SCHEDULER_FRESH_AFTER_S: a decision that finds no room looks again on a fresh view
 # only if its view is older than this (seconds; 0, the default: always). The replay, one
 # process whose view follows every change it makes, sets it high.

@@ -25,6 +25,14 @@ def _reset_login_throttle(settings):
 
 
 @pytest.fixture(autouse=True)
+def _passes_when_asked(settings):
+    # A release asks for a scheduling pass a second later (KUMO_SCHEDULE_ON_RELEASE_S): tests
+    # run their passes themselves and read a VM as still waiting until they do.
+    # tests/compute/test_pass_on_release.py turns it on.
+    settings.SCHEDULE_ON_RELEASE_S = 0
+
+
+@pytest.fixture(autouse=True)
 def _fresh_views():
     # A process's view of the hosts and its index of evictable spot VMs would outlive the
     # rows a test rolls back (and SQLite gives a rolled-back row's id to the next one):
