@@ -237,6 +237,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
         if plain and size in no_room:
             continue
         roomy.clear()  # an attempt (a claim, a preemption's reservation) changes the view
+        vm = None
         try:
             with transaction.atomic():
                 vm, claimed = placement.pending_claimed(queued)  # locked, and placed if it can be
@@ -258,7 +259,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
                 send_apply(vm, operation_id=current_operation(vm))
                 placed += 1
         except Conflict as e:
-            _refused_in_pass(queued, e)
+            _refused_in_pass(queued, vm, e)
     for size, reason in no_room.items():
         if not untold.get(size, True):  # (a size not read at the start: one queued meanwhile)
             continue
@@ -270,17 +271,19 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     return placed
 
 
-def _refused_in_pass(queued: placement.Queued, refusal: Conflict) -> None:
-    """A VM the pass could not place where its claim went (its RDMA port found no free
-    virtual function on that host): the VM's transaction rolled back, claim and all. It
-    waits with the reason, and the pass goes on with the others. This process's view of
-    the hosts, which still counts the rolled-back claim, is read again for the next
-    decision."""
+def _refused_in_pass(queued: placement.Queued, vm: VirtualMachine | None, refusal: Conflict):
+    """A VM the pass could not place (its RDMA port found no free virtual function on the
+    host its claim went to): its transaction rolled back, claim and all. It waits with the
+    reason and the pass goes on with the others. The host this process's view reserved for
+    the claim (``vm``, as the claim left it in memory) is read again."""
     log.warning("vm %s: not placed in this pass: %s", queued.pk, refusal.message)
     VirtualMachine.objects.filter(pk=queued.pk, state=VmState.PENDING).update(
         state_reason=f"waiting: {refusal.message}"[:500]
     )
-    placement.view.invalidate()
+    if vm is None or vm.host_id is None:  # refused before a claim: the view holds none
+        return
+    with placement.view.lock:
+        placement.view.refresh_host(vm.host_id)
 
 
 def _queue_head(pending, roomy: set[tuple], limit: int) -> list[placement.Queued]:

@@ -24,19 +24,20 @@ def page(request, template: str, context: dict | None = None, *, project=None, s
     return render(request, template, context, status=status)
 
 
-def act(request, service, *, done: str, back: str, **kwargs):
+def act(request, service, *, done: str, back: str, gone: str | None = None, **kwargs):
     """Run one service call for a button (no form): its success or its error (a
-    ``KumoError``'s message, never a 500) is a message on the page ``back`` leads to. A
-    refusal is audited, on the object the service was given."""
+    ``KumoError``'s message, never a 500) is a message on the page ``back`` leads to (on
+    success ``gone``, when given: the page ``back`` was is no more). A refusal is audited,
+    on the object the service was given."""
     try:
         service(**kwargs)
     except KumoError as e:
         obj = next((v for v in kwargs.values() if isinstance(v, models.Model)), None)
         record_refusal(e.status, e.code, e.message, obj=obj, details=e.details)
         messages.error(request, e.message)
-    else:
-        messages.success(request, done)
-    return redirect(back)
+        return redirect(back)
+    messages.success(request, done)
+    return redirect(gone or back)
 
 
 def submit(form, call) -> tuple[bool, int]:

@@ -3,18 +3,19 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
 from compute.choices import VmState
 from compute.models import VirtualMachine
-from controlplane.errors import Conflict, KumoError
+from controlplane.errors import Conflict
 from controlplane.models import Event
 from controlplane.portal import charts, reports
-from controlplane.portal.access import project_page, record_refusal
+from controlplane.portal.access import project_page
 from controlplane.portal.forms import ProjectSettingsForm
-from controlplane.portal.views.common import page, submit
+from controlplane.portal.views.common import act, page, submit
 from tenants import billing, selectors
 from tenants import services as tenant_services
 from tenants.choices import Role, UsageResource
@@ -104,12 +105,11 @@ def project_delete(request, project):
     """Its owner deletes the project, through ``tenants.services.project_delete``: only one
     that holds nothing and was never billed. A refusal (what it still holds, or that its
     bills are kept and it ends with its validity) is said on the settings page, audited."""
-    slug = project.slug
-    try:
-        tenant_services.project_delete(project=project)
-    except KumoError as e:
-        record_refusal(e.status, e.code, e.message, obj=project, details=e.details)
-        messages.error(request, e.message)
-        return redirect("portal:project-settings", slug=slug)
-    messages.success(request, _("Project %(slug)s deleted.") % {"slug": slug})
-    return redirect("portal:home")
+    return act(
+        request,
+        tenant_services.project_delete,
+        done=_("Project %(slug)s deleted.") % {"slug": project.slug},
+        back=reverse("portal:project-settings", kwargs={"slug": project.slug}),
+        gone=reverse("portal:home"),
+        project=project,
+    )

@@ -21,6 +21,7 @@ from kumo_sdk.cli.common import (
     show,
     wait_operation,
 )
+from kumo_sdk.cli.image import must_be_file, uploaded
 from kumo_sdk.cli.invoice import FormatOpt, InvoiceFormat, InvoiceId, OutputOpt, emit_download
 from kumo_sdk.cli.lease import LendIdle, lending_changed, lending_said
 from kumo_sdk.cli.operation import show_operation
@@ -259,16 +260,10 @@ def image_upload(
     json: Json = False,
 ) -> None:
     """Upload a public image's file: streamed from the file, checked by SHA-256."""
-    if not path.is_file():
-        raise typer.BadParameter(f"{path} is not a file", param_hint="FILE")
+    must_be_file(path, "FILE")
     with connect(ctx) as kumo:
         done = kumo.admin.images.upload(_public_image_id(kumo, image), path)
-    if json:
-        return output.emit_json(done.raw)
-    output.note(
-        f"Image {done.name} is {done.state}: {done.size_bytes} bytes, {done.checksum} "
-        f"(id {done.id})."
-    )
+    uploaded(done, json)
 
 
 def _period(text: str) -> str | date:

@@ -97,8 +97,7 @@ def image_upload(
     json: Json = False,
 ) -> None:
     """Upload one of the project's own images: streamed from the file, checked by SHA-256."""
-    if not path.is_file():
-        raise typer.BadParameter(f"{path} is not a file", param_hint="PATH")
+    must_be_file(path, "PATH")
     with connect(ctx) as kumo:
         project = current_project(kumo)
         created = kumo.images.create(
@@ -114,12 +113,24 @@ def image_upload(
             description=description,
         )
         image = kumo.images.upload(created.id, path, project=project)
+    uploaded(image, json)
+
+
+def must_be_file(path: Path, hint: str) -> None:
+    """A file to upload, checked before anything is asked of the API."""
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} is not a file", param_hint=hint)
+
+
+def uploaded(image: Image, json: bool) -> None:
+    """What an upload made: the image with its size and checksum, or its JSON."""
     if json:
         return output.emit_json(image.raw)
     output.note(
         f"Image {image.name} is {image.state}: {image.size_bytes} bytes, {image.checksum} "
         f"(id {image.id})."
     )
+    return None
 
 
 @command(app, "delete")
