@@ -36,6 +36,7 @@ from compute.drivers.base import (
     GuestNic,
     GuestNotFound,
     GuestSpec,
+    GuestState,
     HypervisorDriver,
     NicKind,
     PassthroughDevice,
@@ -250,16 +251,37 @@ def metadata_files(message: VmApply) -> dict[str, str]:
     }
 
 
-def ensure_taps(nics: tuple[GuestNic, ...], nl: Netlink) -> list[str]:
+def ensure_taps(
+    nics: tuple[GuestNic, ...], nl: Netlink, *, replace_held: bool = False
+) -> list[str]:
     """Make the host tap device of every tap NIC in ``nics`` that lacks one, and return the
     names made. A tap made here is persistent (it outlives the guest's QEMU), down and on no
     bridge, as the network agent makes its own, which then bridges it and brings it up.
     One link dump; a tap someone made meanwhile ("already exists") is success; any other
-    refusal is a ``DriverError``."""
+    refusal is a ``DriverError``.
+
+    ``replace_held``: the guest is off and about to start. A tap of its that an open file
+    still holds (its carrier is on: a QEMU that has not let go of it yet) would refuse the
+    new QEMU's open with EBUSY; it is deleted and made again, and its holders are logged.
+    No other guest can hold it: a tap is named after one port of one VM."""
     present = nl.links()
     made = []
     for nic in nics:
-        if nic.kind is not NicKind.TAP or nic.device in present:
+        if nic.kind is not NicKind.TAP:
+            continue
+        link = present.get(nic.device)
+        if link is not None and replace_held and link.carrier:
+            log.warning(
+                "tap %s is held while its guest is off (by %s): made again",
+                nic.device,
+                ", ".join(tap_holders(nic.device)) or "no process: the kernel",
+            )
+            try:
+                nl.delete_link(link.index, nic.device)
+            except NetworkDriverError as e:
+                raise DriverError(f"tap {nic.device}: {e}") from e
+            link = None
+        if link is not None:
             continue
         try:
             nl.add_tap(nic.device)
@@ -271,18 +293,66 @@ def ensure_taps(nics: tuple[GuestNic, ...], nl: Netlink) -> list[str]:
     return made
 
 
-def _prepare_host_network(spec: GuestSpec, hv: HypervisorDriver) -> None:
-    """On a real host, the taps ``spec``'s guest opens when it starts; nothing on a simulated
-    host (libvirt's test driver opens no tap)."""
+def tap_holders(name: str) -> list[str]:
+    """The processes holding a tap named ``name`` open, as "pid (command)": those with a
+    file whose fdinfo names it. Read only to say so in the log: it walks every process's
+    files."""
+    holders = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and any(
+            f"iff:\t{name}\n" in _read(info) for info in _listed(proc / "fdinfo")
+        ):
+            holders.append(f"{proc.name} ({_read(proc / 'comm').strip()})")
+    return holders
+
+
+def _listed(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []  # its process is gone, or not ours to read
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""  # closed, or its process gone, while read
+
+
+def _prepare_host_network(
+    spec: GuestSpec, hv: HypervisorDriver, *, replace_held: bool
+) -> list[str]:
+    """On a real host, the taps ``spec``'s guest opens when it starts (``ensure_taps``);
+    returns the names made. Nothing on a simulated host (libvirt's test driver opens no
+    tap)."""
     if getattr(hv, "simulated", False) or not any(n.kind is NicKind.TAP for n in spec.nics):
-        return
+        return []
     nl = Netlink()
     try:
-        made = ensure_taps(spec.nics, nl)
+        made = ensure_taps(spec.nics, nl, replace_held=replace_held)
     finally:
         nl.close()
     if made:
         log.info("vm %s generation %d: made taps %s", spec.vm_id, spec.generation, made)
+    return made
+
+
+def start_guest(spec: GuestSpec, hv: HypervisorDriver, *, off: bool) -> GuestState:
+    """Start ``spec``'s guest (``off``: it is not running now) with its taps ready. A start
+    of a guest that was off, refused while one of its taps is held (the holder let go of it
+    only after ``ensure_taps`` looked), has the held taps made again and is tried once more;
+    any other refusal is the caller's."""
+    _prepare_host_network(spec, hv, replace_held=off)
+    try:
+        return hv.ensure_running(spec.vm_id)
+    except DriverError as e:
+        if not off or not _prepare_host_network(spec, hv, replace_held=True):
+            raise
+        log.warning(
+            "vm %s: start refused (%s); its held taps made again, started again", spec.vm_id, e
+        )
+        return hv.ensure_running(spec.vm_id)
 
 
 def _taps_go_to_netns(spec: GuestSpec, hv: HypervisorDriver) -> str:
@@ -449,8 +519,8 @@ def apply(
             # Running: its taps already sit in the host's namespace, held by its QEMU.
             state = hv.ensure_running(message.vm_id)
         else:
-            _prepare_host_network(spec, hv)
-            state = hv.ensure_running(message.vm_id)
+            off = state.power is not PowerState.RUNNING or (message.reboot and first_apply)
+            state = start_guest(spec, hv, off=off)
             if netns:
                 hand_taps_to_netns(spec, netns)
     else:

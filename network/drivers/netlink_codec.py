@@ -29,6 +29,7 @@ NLA_TYPE_MASK = 0x3FFF
 # ifinfomsg attributes (linux/if_link.h)
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_MASTER = 1, 3, 4, 5, 10
 IFLA_LINKINFO, IFLA_NUM_VF, IFLA_VFINFO_LIST, IFLA_NET_NS_FD, IFLA_EXT_MASK = 18, 21, 22, 28, 29
+IFLA_CARRIER = 33
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 IFLA_VXLAN_ID, IFLA_VXLAN_LINK, IFLA_VXLAN_LOCAL, IFLA_VXLAN_LEARNING = 1, 3, 4, 7
 IFLA_VXLAN_PORT = 15  # network byte order
@@ -55,7 +56,7 @@ _ERRNO, _U16, _U32, _BE16 = (
 _VF_MAC, _VF_VLAN, _VF_TRUST = struct.Struct("=I32s"), struct.Struct("=III"), struct.Struct("=II")
 _LINK_ATTRS = frozenset(
     {IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINK, IFLA_MASTER, IFLA_LINKINFO}
-    | {IFLA_NUM_VF, IFLA_VFINFO_LIST}
+    | {IFLA_NUM_VF, IFLA_VFINFO_LIST, IFLA_CARRIER}
 )
 _FDB_ATTRS = frozenset({NDA_DST, NDA_LLADDR})
 
@@ -84,6 +85,7 @@ class Link:
     lower: int = 0  # IFLA_LINK: a VLAN device's trunk, a veth's peer (0: none)
     num_vfs: int = 0  # an SR-IOV physical function's VFs
     vfs: tuple[Vf, ...] = ()
+    carrier: bool = False  # a tap: some open file holds it (a guest's QEMU, up or down)
 
 
 # -- decoding -------------------------------------------------------------------------------
@@ -110,6 +112,7 @@ def parse_link(data, start: int, end: int) -> Link:
         lower=_u32_of(attrs, IFLA_LINK),
         num_vfs=_u32_of(attrs, IFLA_NUM_VF),
         vfs=_parse_vfs(attrs.get(IFLA_VFINFO_LIST, b"")),
+        carrier=attrs.get(IFLA_CARRIER, b"\0") != b"\0",
     )
 
 

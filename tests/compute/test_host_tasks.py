@@ -5,8 +5,10 @@ NICs get their host taps before it starts on a real host (a throwaway network na
 here), never on a simulated one."""
 
 import errno
+import fcntl
 import os
 import shutil
+import struct
 import subprocess
 import uuid
 import xml.etree.ElementTree as ET
@@ -16,7 +18,7 @@ import yaml
 
 from compute import host_tasks
 from compute.drivers import cloudinit, nccl, simnode
-from compute.drivers.base import DriverError, GuestNic, PowerState
+from compute.drivers.base import DriverError, GuestNic, NicKind, PowerState
 from compute.drivers.domain_xml import parse_hostdev_addresses, parse_kumo_metadata
 from compute.drivers.fake import FakeDriver
 from compute.drivers.libvirt import LibvirtDriver
@@ -24,7 +26,7 @@ from compute.protocol import ABSENT, DeviceWire, InterfaceWire, VmApply
 from controlplane.agent import runtime
 from controlplane.agent.config import AgentConfig
 from network.drivers.base import NetworkDriverError
-from network.drivers.netlink import Netlink
+from network.drivers.netlink import IFF_NO_PI, IFF_TAP, TUNSETIFF, Netlink, netns_entered
 
 VM = "0b4e2c1a-5d6f-4e3b-9a8c-7d6e5f4a3b2c"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB0bXW1ZsJpEZx8o8DE2oqQxJgG6a4rGBpOIxYIJ2dJi ai@lab"
@@ -269,6 +271,108 @@ def test_a_real_host_makes_missing_taps_before_the_guest_starts(netns, monkeypat
     assert host_tasks.apply(msg, hv) == (1, "running")
     assert sockets[1].writes == 0  # a repeat makes nothing
     assert all(nl.netns == netns for nl in sockets)
+
+
+class _Qemu(_RealFake):
+    """The fake as a real host whose start opens each tap NIC as libvirt does for QEMU
+    (TUNSETIFF on the device of that name in ``netns``) and keeps it open while the guest
+    runs: a tap some other file holds refuses the start with EBUSY. ``late_holder``: the
+    first start finds the tap taken just after the taps were looked at."""
+
+    def __init__(self, netns: str, *, late_holder: bool = False) -> None:
+        super().__init__(netns)
+        self.late_holder = late_holder
+        self.files: dict[str, list[int]] = {}
+        self.starts = 0
+
+    def ensure_running(self, vm_id):
+        if self.get_guest(vm_id).power is PowerState.RUNNING:
+            return super().ensure_running(vm_id)
+        self.starts += 1
+        names = [n.device for n in self._get(vm_id).spec.nics if n.kind is NicKind.TAP]
+        if self.late_holder and self.starts == 1:
+            self.holders = [_hold(self.netns, name) for name in names]
+        opened = []
+        try:
+            opened = [_hold(self.netns, name) for name in names]
+        except OSError as e:
+            for fd in opened:
+                os.close(fd)
+            raise DriverError(f"start vm {vm_id}: Unable to create tap device: {e.strerror}") from e
+        self.files[vm_id] = opened
+        return super().ensure_running(vm_id)
+
+
+def _hold(netns: str, name: str) -> int:
+    """A file attached to tap ``name`` in ``netns``, as a QEMU holds its NIC's."""
+    with netns_entered(netns):
+        fd = os.open("/dev/net/tun", os.O_RDWR)
+    try:
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(), IFF_TAP | IFF_NO_PI))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+@pytest.fixture
+def tap_host(netns, monkeypatch, tmp_path):
+    """A real host's tap side in ``netns``: the tasks' netlink there, the root disk made."""
+    monkeypatch.setattr(host_tasks, "Netlink", lambda: Netlink(netns))
+    root_disk = tmp_path / "instances" / VM / "root.qcow2"
+    root_disk.parent.mkdir(parents=True)
+    root_disk.touch()
+    fds: list[int] = []
+    yield fds
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_tap_still_held_when_its_guest_starts_is_made_again_and_its_holder_named(
+    netns, tap_host, caplog
+):
+    name = TAP_NIC.device
+    Netlink(netns).add_tap(name)
+    stale = Netlink(netns).links()[name]
+    tap_host.append(_hold(netns, name))  # a QEMU that has not let go of it yet
+    assert Netlink(netns).links()[name].carrier
+    hv = _Qemu(netns)
+    tap_host.extend(hv.files.setdefault(VM, []))
+
+    with caplog.at_level("WARNING", logger="compute.host_tasks"):
+        assert host_tasks.apply(message(gpus=0, numa_cell=None, interfaces=(TAP_NIC,)), hv) == (
+            1,
+            "running",
+        )
+    tap_host.extend(hv.files[VM])
+    fresh = Netlink(netns).links()[name]
+    assert fresh.index != stale.index and fresh.carrier  # a new device, the guest's own
+    assert f"{os.getpid()} (" in caplog.text and name in caplog.text  # who held it
+    assert hv.starts == 1
+
+
+def test_a_start_refused_by_a_late_holder_makes_the_tap_again_and_starts_once_more(netns, tap_host):
+    hv = _Qemu(netns, late_holder=True)
+    assert host_tasks.apply(message(gpus=0, numa_cell=None, interfaces=(TAP_NIC,)), hv) == (
+        1,
+        "running",
+    )
+    tap_host.extend([*hv.holders, *hv.files[VM]])
+    assert hv.starts == 2
+    assert Netlink(netns).links()[TAP_NIC.device].carrier
+
+
+def test_a_running_guests_tap_is_never_made_again(tap_host, netns):
+    hv = _Qemu(netns)
+    tapped = {"gpus": 0, "numa_cell": None, "interfaces": (TAP_NIC,)}
+    assert host_tasks.apply(message(**tapped), hv) == (1, "running")
+    tap_host.extend(hv.files[VM])
+    before = Netlink(netns).links()[TAP_NIC.device]
+    # A new generation while it runs (a host without a separate network namespace: the
+    # taps are looked at before every start, the running guest's included).
+    assert host_tasks.apply(message(generation=2, **tapped), hv) == (2, "running")
+    assert Netlink(netns).links()[TAP_NIC.device] == before
+    assert hv.starts == 1
 
 
 class _StaleDump:
