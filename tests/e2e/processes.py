@@ -17,8 +17,10 @@ from compute.models import VirtualMachine
 from controlplane.management.commands.run import topology
 
 ROOT = Path(__file__).resolve().parents[2]
-# A log line worth showing when a test fails, wherever it is in the log.
+# A log line worth showing when a test fails, wherever it is in the log; Celery's warning
+# that a worker named no hostname is in every agent's log, and says nothing of the failure.
 _NOTABLE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback|^\S*(Error|Exception)\b")
+_NOISE = re.compile(r"No hostname was supplied")
 
 
 def free_port() -> int:
@@ -82,17 +84,26 @@ class Fleet:
 
     def logs(self) -> str:
         """Each process's log: its warnings, errors and tracebacks from the whole run (a
-        periodic task's lines soon push them out of the tail), then its tail."""
+        periodic task's lines soon push them out of the tail), then its tail. The logs with
+        such lines come first, most first: a report that shows only its first lines (CI's
+        recap) shows the process that met the failure."""
         parts = []
         for path in sorted(self.log_dir.glob("*.log")):
             text = path.read_text(errors="replace")
-            notable = [line for line in text.splitlines() if _NOTABLE.search(line)]
+            notable = [
+                line
+                for line in text.splitlines()
+                if _NOTABLE.search(line) and not _NOISE.search(line)
+            ]
             parts.append(
-                f"--- {path.name}: warnings, errors and tracebacks\n"
-                + "\n".join(notable[-60:])
-                + f"\n--- {path.name}: its tail\n{text[-3000:]}"
+                (
+                    -len(notable),
+                    f"--- {path.name}: warnings, errors and tracebacks\n"
+                    + "\n".join(notable[-60:])
+                    + f"\n--- {path.name}: its tail\n{text[-3000:]}",
+                )
             )
-        return "\n".join(parts)
+        return "\n".join(part for _, part in sorted(parts, key=lambda part: part[0]))
 
 
 def _signal(proc: subprocess.Popen, sig) -> None:
