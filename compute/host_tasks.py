@@ -340,18 +340,20 @@ def _prepare_host_network(
 
 def start_guest(spec: GuestSpec, hv: HypervisorDriver, *, off: bool) -> GuestState:
     """Start ``spec``'s guest (``off``: it is not running now) with its taps ready. A start
-    of a guest that was off, refused while one of its taps is held (the holder let go of it
-    only after ``ensure_taps`` looked), has the held taps made again and is tried once more;
-    any other refusal is the caller's."""
+    of a guest that was off refused over one of its taps (the refusal names it, or the tap
+    is held: a holder that took it after ``ensure_taps`` looked, or let go of it late) has
+    its held taps made again and is tried once more; any other refusal is the caller's."""
     _prepare_host_network(spec, hv, replace_held=off)
     try:
         return hv.ensure_running(spec.vm_id)
     except DriverError as e:
-        if not off or not _prepare_host_network(spec, hv, replace_held=True):
+        if not off:
             raise
-        log.warning(
-            "vm %s: start refused (%s); its held taps made again, started again", spec.vm_id, e
-        )
+        remade = _prepare_host_network(spec, hv, replace_held=True)
+        taps = [nic.device for nic in spec.nics if nic.kind is NicKind.TAP]
+        if not remade and not any(name in str(e) for name in taps):
+            raise
+        log.warning("vm %s: start refused over a tap (%s); started again", spec.vm_id, e)
         return hv.ensure_running(spec.vm_id)
 
 

@@ -276,13 +276,15 @@ def test_a_real_host_makes_missing_taps_before_the_guest_starts(netns, monkeypat
 class _Qemu(_RealFake):
     """The fake as a real host whose start opens each tap NIC as libvirt does for QEMU
     (TUNSETIFF on the device of that name in ``netns``) and keeps it open while the guest
-    runs: a tap some other file holds refuses the start with EBUSY. ``late_holder``: the
-    first start finds the tap taken just after the taps were looked at."""
+    runs: a tap some other file holds refuses the start with EBUSY, in libvirt's words.
+    ``late_holder``: the first start finds the tap taken just after the taps were looked
+    at; ``brief``: and let go of again as soon as the start was refused."""
 
-    def __init__(self, netns: str, *, late_holder: bool = False) -> None:
+    def __init__(self, netns: str, *, late_holder: bool = False, brief: bool = False) -> None:
         super().__init__(netns)
-        self.late_holder = late_holder
+        self.late_holder, self.brief = late_holder, brief
         self.files: dict[str, list[int]] = {}
+        self.holders: list[int] = []
         self.starts = 0
 
     def ensure_running(self, vm_id):
@@ -293,14 +295,25 @@ class _Qemu(_RealFake):
         if self.late_holder and self.starts == 1:
             self.holders = [_hold(self.netns, name) for name in names]
         opened = []
+        for name in names:
+            try:
+                opened.append(_hold(self.netns, name))
+            except OSError as e:
+                for fd in opened + (self.holders if self.brief else []):
+                    os.close(fd)
+                if self.brief:
+                    self.holders = []
+                raise DriverError(
+                    f"start vm {vm_id}: Unable to create tap device {name}: {e.strerror}"
+                ) from e
         try:
-            opened = [_hold(self.netns, name) for name in names]
-        except OSError as e:
-            for fd in opened:
+            state = super().ensure_running(vm_id)
+        except DriverError:
+            for fd in opened:  # a start that failed leaves no QEMU holding its taps
                 os.close(fd)
-            raise DriverError(f"start vm {vm_id}: Unable to create tap device: {e.strerror}") from e
+            raise
         self.files[vm_id] = opened
-        return super().ensure_running(vm_id)
+        return state
 
 
 def _hold(netns: str, name: str) -> int:
@@ -360,6 +373,24 @@ def test_a_start_refused_by_a_late_holder_makes_the_tap_again_and_starts_once_mo
     tap_host.extend([*hv.holders, *hv.files[VM]])
     assert hv.starts == 2
     assert Netlink(netns).links()[TAP_NIC.device].carrier
+
+
+def test_a_start_refused_over_a_tap_whose_holder_let_go_is_tried_once_more(netns, tap_host):
+    hv = _Qemu(netns, late_holder=True, brief=True)
+    assert host_tasks.apply(message(gpus=0, numa_cell=None, interfaces=(TAP_NIC,)), hv) == (
+        1,
+        "running",
+    )
+    tap_host.extend(hv.files[VM])
+    assert hv.starts == 2 and hv.holders == []
+
+
+def test_a_start_refused_for_another_reason_is_not_tried_again(netns, tap_host):
+    hv = _Qemu(netns)
+    hv.fail_next("ensure_running", DriverError("start vm: cannot access storage file"))
+    with pytest.raises(DriverError, match="storage file"):
+        host_tasks.apply(message(gpus=0, numa_cell=None, interfaces=(TAP_NIC,)), hv)
+    assert [call for call in hv.calls if call[0] == "ensure_running"] == [("ensure_running", VM)]
 
 
 def test_a_running_guests_tap_is_never_made_again(tap_host, netns):
