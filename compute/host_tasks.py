@@ -182,17 +182,35 @@ def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
     return DiskSpec(source=str(path), format="qcow2")
 
 
+#: How long writing a kept disk may take: below ``vm_apply``'s time limit, so a slow store
+#: fails the task with an error the controller hears, not a killed worker.
+KEEP_ROOT_DISK_TIMEOUT_S = 840
+
+
 def keep_root_disk(vm_id: str, kept: str, hv: HypervisorDriver) -> None:
-    """Move the guest's instance overlay to ``kept`` (shelve), unless it is there already
-    (a repeated task, or a VM that booted from its kept disk). On a simulated host no disk
-    exists: the controller records ``kept`` on the VM, and that is the record."""
+    """Write the guest's root disk to ``kept`` (shelve) as one qcow2 file that stands alone:
+    its instance overlay and the image the overlay is based on, merged (``qemu-img
+    convert``). Any host then boots it, whether or not it has that image cached (a host's
+    image cache is its own, at a path named after the host, and its copies may be removed),
+    and whether or not the image still exists. Written beside the target and renamed into
+    place, so a failed write leaves no kept disk; nothing is done when the target is there
+    already (a repeated task, or a VM that booted from its kept disk). On a simulated host
+    no disk exists: the controller records ``kept`` on the VM, and that is the record."""
     source = instance_dir(vm_id) / "root.qcow2"
     target = Path(kept)
     if getattr(hv, "simulated", False) or target.exists() or not source.exists():
         return
+    qemu_img = shutil.which("qemu-img")
+    if qemu_img is None:
+        raise DriverError("qemu-img is not installed on this host")
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
-    shutil.copyfile(source, partial)
+    subprocess.run(
+        [qemu_img, "convert", "-q", "-O", "qcow2", str(source), str(partial)],
+        check=True,
+        capture_output=True,
+        timeout=KEEP_ROOT_DISK_TIMEOUT_S,
+    )
     os.replace(partial, target)
     log.info("vm %s: root disk kept at %s", vm_id, target)
 

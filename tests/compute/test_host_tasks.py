@@ -6,10 +6,13 @@ here), never on a simulated one."""
 
 import errno
 import fcntl
+import functools
+import json
 import os
 import shutil
 import struct
 import subprocess
+import types
 import uuid
 import xml.etree.ElementTree as ET
 
@@ -433,3 +436,39 @@ def test_a_simulated_host_never_opens_netlink(monkeypatch):
         1,
         "running",
     )
+
+
+def test_a_kept_disk_stands_alone_with_what_the_guest_wrote(tmp_path):
+    """Shelve writes the overlay and its image as one file: another host boots it without
+    that image in its cache, or with the image gone."""
+    qemu_img, qemu_io = shutil.which("qemu-img"), shutil.which("qemu-io")
+    if not (qemu_img and qemu_io):
+        pytest.skip("needs qemu-img and qemu-io (qemu-utils)")
+    image = tmp_path / "image-cache" / "gpu-01" / "base.raw"
+    image.parent.mkdir(parents=True)
+    with open(image, "wb") as f:
+        f.write(b"kumo image")
+        f.truncate(4 << 20)
+    overlay = host_tasks.instance_dir(VM) / "root.qcow2"
+    overlay.parent.mkdir(parents=True)
+    run = functools.partial(subprocess.run, check=True, capture_output=True, timeout=60)
+    run([qemu_img, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image), str(overlay)])
+    run([qemu_io, "-c", "write -P 0x61 1M 64k", str(overlay)])  # what the guest wrote
+    kept = tmp_path / "shelved" / f"{VM}.qcow2"
+    real_host = types.SimpleNamespace(simulated=False)
+
+    host_tasks.keep_root_disk(VM, str(kept), real_host)
+    image.unlink()  # the image's copy gone from every cache
+    info = json.loads(run([qemu_img, "info", "--output=json", str(kept)]).stdout)
+    assert info["format"] == "qcow2" and "backing-filename" not in info
+    raw = tmp_path / "kept.raw"
+    run([qemu_img, "convert", "-O", "raw", str(kept), str(raw)])
+    data = raw.read_bytes()
+    assert data[:10] == b"kumo image" and data[1 << 20 : (1 << 20) + (64 << 10)] == b"a" * (
+        64 << 10
+    )
+    assert not kept.with_suffix(".partial").exists()
+
+    written = kept.stat().st_mtime_ns
+    host_tasks.keep_root_disk(VM, str(kept), real_host)  # a repeated task changes nothing
+    assert kept.stat().st_mtime_ns == written
