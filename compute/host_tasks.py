@@ -43,7 +43,7 @@ from compute.drivers.base import (
     PciAddress,
     PowerState,
 )
-from compute.drivers.imagecache import ImageCache, ImageCacheError
+from compute.drivers.imagecache import ImageCache, ImageCacheError, backing_file
 from compute.protocol import (
     ABSENT,
     CONSOLE_LOG_MAX_BYTES,
@@ -654,3 +654,23 @@ def guests_report() -> None:
     except OSError as e:
         log.warning("applied-generation records not pruned: %s", e)
     reports.send(runtime.config().host, GUESTS_REPORT, {"guests": guests}, taken_at=taken_at)
+
+
+def image_cache_prune() -> list[str]:
+    """Remove from this host's image cache the copies that no disk here is based on and
+    that no guest was made from for ``KUMO_IMAGE_CACHE_MIN_AGE_S`` (``ImageCache.prune``);
+    returns their checksums. The disks looked at: every guest's instance overlay, and every
+    kept disk in the shelve store (those kept before shelve merged them with their image
+    are overlays on a copy). Nothing to do on a host whose cache was never made (a
+    simulated one)."""
+    config = runtime.config()
+    cache = ImageCache(config.image_cache_dir)
+    if not cache.root.is_dir():
+        return []
+    disks = [*Path(config.instances_dir).glob("*/root.qcow2")]
+    disks += Path(config.shelve_store).glob("*.qcow2")
+    in_use = {base for disk in disks if (base := backing_file(disk)) is not None}
+    removed = cache.prune(in_use, min_age_s=config.image_cache_min_age_s)
+    if removed:
+        log.info("image cache: removed %d unused copies: %s", len(removed), ", ".join(removed))
+    return removed

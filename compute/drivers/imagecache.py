@@ -13,8 +13,11 @@ gives the path of a verified copy:
   is caught: it is discarded and fetched once more; a fetch that again does not match
   raises ``ImageChecksumMismatch`` (the agent reports it as the VM's error).
 
-Copies stay until an operator removes them (a copy no guest uses may be deleted at any
-time: the next guest fetches it again).
+Each answer of ``ensure`` marks its copy used (its modification time). ``prune`` removes
+the copies that no disk on the host is based on and that nobody asked for within a minimum
+age (a day by default, as Nova's image cache manager keeps an unused base image): the
+agent runs it every hour (``compute.host_tasks.image_cache_prune``). A copy removed is
+fetched again by the next guest that needs it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import itertools
 import logging
 import os
 import re
+import struct
+import time
 import urllib.request
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 _HEX = re.compile(r"^sha256:([0-9a-f]{64})$")
+_COPY = re.compile(r"^[0-9a-f]{64}$")  # a cached copy's file name
 _seq = itertools.count()
 
 
@@ -61,6 +67,29 @@ def file_sha256(path: Path) -> tuple[str, int]:
             sha.update(chunk)
             size += len(chunk)
     return "sha256:" + sha.hexdigest(), size
+
+
+_QCOW2_MAGIC = b"QFI\xfb"
+_QCOW2_BACKING = struct.Struct(">QI")  # the header's backing_file_offset and _size, at byte 8
+
+
+def backing_file(disk: Path) -> Path | None:
+    """The resolved path of the file the qcow2 disk ``disk`` is based on, read from its
+    header (a name relative to the disk is relative to its folder); None for a disk that
+    stands alone, for a file that is not qcow2, and for one that cannot be read."""
+    try:
+        with open(disk, "rb") as f:
+            header = f.read(8 + _QCOW2_BACKING.size)
+            if len(header) < 8 + _QCOW2_BACKING.size or header[:4] != _QCOW2_MAGIC:
+                return None
+            offset, size = _QCOW2_BACKING.unpack_from(header, 8)
+            if not offset or not 0 < size < 4096:
+                return None
+            f.seek(offset)
+            name = os.fsdecode(f.read(size))
+    except OSError:
+        return None
+    return (disk.parent / name).resolve()
 
 
 def urlopen(url: str, timeout: float):
@@ -105,6 +134,7 @@ class ImageCache:
             if final.exists():
                 actual, actual_size = file_sha256(final)
                 if actual == checksum and actual_size == size:
+                    os.utime(final)  # used now: ``prune`` leaves it for its minimum age
                     return final
                 log.warning(
                     "image cache: %s is corrupt (%s, %d bytes); fetching it again",
@@ -115,6 +145,29 @@ class ImageCache:
                 final.unlink()
             self._fetch(url, final, checksum=checksum, size=size)
             return final
+
+    def prune(self, in_use: set[Path], *, min_age_s: float, now: float | None = None) -> list[str]:
+        """Remove the copies that no disk is based on (``in_use``: the resolved paths the
+        host's disks name as their backing files) and that ``ensure`` has not answered for
+        ``min_age_s``; returns their checksums. Each is looked at again under its checksum's
+        lock, so a copy being fetched or checked meanwhile is left alone, and one ``ensure``
+        answered a moment ago is too young: the overlay made from it right after is safe."""
+        if not self.root.is_dir():
+            return []
+        now = time.time() if now is None else now
+        removed = []
+        for path in sorted(self.root.iterdir()):
+            if not _COPY.match(path.name) or path.resolve() in in_use:
+                continue
+            with self._lock(path.name):
+                try:
+                    if now - path.stat().st_mtime < min_age_s:
+                        continue
+                    path.unlink()
+                except FileNotFoundError:
+                    continue
+            removed.append(f"sha256:{path.name}")
+        return removed
 
     def _fetch(self, url: str, final: Path, *, checksum: str, size: int) -> None:
         partial_dir = self.root / ".partial"

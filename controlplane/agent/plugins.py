@@ -19,6 +19,7 @@ REPORTERS = [
     ("compute.host_tasks:inventory_report", "inventory_report_s"),
     ("compute.host_tasks:guests_report", "guests_report_s"),
     ("network.host_tasks:network_report", "network_report_s"),
+    ("compute.host_tasks:image_cache_prune", "image_cache_prune_s"),
 ]
 
 

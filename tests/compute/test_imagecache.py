@@ -5,6 +5,7 @@ corrupted copy caught; and the agent's use of it for a guest's root disk."""
 import hashlib
 import http.server
 import multiprocessing
+import os
 import shutil
 import subprocess
 import threading
@@ -18,7 +19,12 @@ from compute import host_tasks
 from compute.drivers import simnode
 from compute.drivers.base import DriverError
 from compute.drivers.fake import FakeDriver
-from compute.drivers.imagecache import ImageCache, ImageCacheError, ImageChecksumMismatch
+from compute.drivers.imagecache import (
+    ImageCache,
+    ImageCacheError,
+    ImageChecksumMismatch,
+    backing_file,
+)
 from compute.protocol import VmApply
 from controlplane.agent import reports, runtime
 from controlplane.agent.config import AgentConfig
@@ -238,3 +244,115 @@ def test_a_mismatch_fails_the_vm_with_a_clear_error_reported(agent, monkeypatch)
     assert "checksum mismatch" in report["error"] and SHA in report["error"]
     assert not (agent / "cache" / SHA[7:]).exists()
     assert not (agent / "instances" / VM / "root.qcow2").exists()
+
+
+# --- pruning ------------------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def _copy(root: Path, name: str, *, age_s: float) -> Path:
+    """A cached copy named ``name`` (its checksum's hex), last used ``age_s`` ago."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(DATA[:4096])
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def _overlay(disk: Path, base: Path) -> Path:
+    disk.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(base), str(disk)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return disk
+
+
+def test_prune_removes_only_old_copies_no_disk_is_based_on(tmp_path):
+    cache = ImageCache(tmp_path)
+    used = _copy(tmp_path, "a" * 64, age_s=3 * DAY)
+    old = _copy(tmp_path, "b" * 64, age_s=2 * DAY)
+    young = _copy(tmp_path, "c" * 64, age_s=60)
+    (tmp_path / ".partial").mkdir()
+    stray = _copy(tmp_path, "notes.txt", age_s=9 * DAY)  # not a copy: never Kumo's to remove
+
+    assert cache.prune({used.resolve()}, min_age_s=DAY) == ["sha256:" + "b" * 64]
+    assert used.exists() and young.exists() and stray.exists() and not old.exists()
+    assert (tmp_path / ".partial").is_dir()
+    assert cache.prune({used.resolve()}, min_age_s=DAY) == []  # a repeat removes nothing
+    assert ImageCache(tmp_path / "never-made").prune(set(), min_age_s=0) == []
+
+
+def test_a_copy_ensure_answered_counts_as_used_now(tmp_path, server):
+    cache = ImageCache(tmp_path)
+    path = _copy(tmp_path, SHA[7:], age_s=0)
+    path.write_bytes(DATA)
+    then = time.time() - 2 * DAY
+    os.utime(path, (then, then))
+    assert cache.ensure(checksum=SHA, size=len(DATA), url=server.url) == path
+    assert server.gets.value == 0  # verified, not fetched
+    assert cache.prune(set(), min_age_s=DAY) == []
+    assert path.exists()
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img is not installed")
+def test_backing_file_reads_the_qcow2_header(tmp_path):
+    base = _copy(tmp_path / "cache", "a" * 64, age_s=0)
+    assert backing_file(_overlay(tmp_path / "vm" / "root.qcow2", base)) == base.resolve()
+    # A name relative to the disk's folder, as qemu-img keeps it.
+    relative = tmp_path / "cache" / "rel.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", "a" * 64, str(relative)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path / "cache",
+    )
+    assert backing_file(relative) == base.resolve()
+    alone = tmp_path / "alone.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", str(alone), "1M"], check=True, timeout=60
+    )
+    assert backing_file(alone) is None
+    assert backing_file(base) is None  # raw: not qcow2
+    assert backing_file(tmp_path / "missing.qcow2") is None
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img is not installed")
+def test_the_agent_prunes_what_no_guest_and_no_kept_disk_is_based_on(agent):
+    runtime.configure(
+        AgentConfig.from_env(
+            host="cpu-01",
+            instances_dir=agent / "instances",
+            image_cache_dir=agent / "cache",
+            shelve_store=agent / "shelved",
+        )
+    )
+    cache = agent / "cache"
+    guest_base = _copy(cache, "a" * 64, age_s=3 * DAY)
+    kept_base = _copy(cache, "b" * 64, age_s=3 * DAY)
+    unused = _copy(cache, "c" * 64, age_s=3 * DAY)
+    _overlay(agent / "instances" / VM / "root.qcow2", guest_base)
+    # A disk kept by an earlier shelve, when kept disks were overlays on a copy.
+    _overlay(agent / "shelved" / f"{VM}.qcow2", kept_base)
+
+    assert host_tasks.image_cache_prune() == ["sha256:" + "c" * 64]
+    assert guest_base.exists() and kept_base.exists() and not unused.exists()
+
+
+def test_the_prune_is_an_hourly_agent_report_and_reads_its_settings(monkeypatch, tmp_path):
+    from controlplane.agent import plugins
+
+    assert ("compute.host_tasks:image_cache_prune", "image_cache_prune_s") in plugins.REPORTERS
+    defaults = AgentConfig.from_env(host="h")
+    assert (defaults.image_cache_prune_s, defaults.image_cache_min_age_s) == (3600.0, DAY)
+    monkeypatch.setenv("KUMO_IMAGE_CACHE_PRUNE_INTERVAL_S", "600")
+    monkeypatch.setenv("KUMO_IMAGE_CACHE_MIN_AGE_S", "7200")
+    monkeypatch.setenv("KUMO_SHELVE_STORE", str(tmp_path))
+    config = AgentConfig.from_env(host="h")
+    assert (config.image_cache_prune_s, config.image_cache_min_age_s) == (600.0, 7200.0)
+    assert config.shelve_store == tmp_path
