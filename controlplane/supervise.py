@@ -22,10 +22,15 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 _PR_SET_PDEATHSIG = 1
+
+
+#: How soon a SIGTERM held back from a finalizer is raised again.
+HELD_SIGNAL_RETRY_S = 0.05
 
 
 @contextlib.contextmanager
@@ -33,16 +38,51 @@ def terminated_as_interrupted():
     """Within the block, SIGTERM (``kill``, a CI job cancelled) ends the program as Ctrl-C
     does, through every ``finally``: what it made to throw away (a database, a folder) goes
     with it, where the default handler would end the process at once and leave it behind.
-    For a program's main thread (where Python runs signal handlers)."""
+    For a program's main thread (where Python runs signal handlers).
+
+    A SIGTERM that lands while a finalizer runs (a ``__del__``, a ``weakref.finalize``
+    callback) is held: Python would report the exception raised there and carry on, and the
+    program would run to its end. It is raised ``HELD_SIGNAL_RETRY_S`` later, out of the
+    finalizer (SIGALRM, as the block's own timer; the timer and handler found are put back
+    at the end)."""
+    held: list[int] = []
 
     def stop(signum, frame):
+        if _in_finalizer(frame):
+            held[:] = [signum]
+            signal.signal(signal.SIGALRM, again)
+            signal.setitimer(signal.ITIMER_REAL, HELD_SIGNAL_RETRY_S)
+            return
+        held.clear()
         raise SystemExit(128 + signum)
 
+    def again(_signum, frame):
+        if held:
+            stop(held[0], frame)
+
     previous = signal.signal(signal.SIGTERM, stop)
+    previous_alarm = signal.getsignal(signal.SIGALRM)
+    previous_timer = signal.getitimer(signal.ITIMER_REAL)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if signal.getsignal(signal.SIGALRM) is again:
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+            signal.signal(signal.SIGALRM, previous_alarm)
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a finalizer, where an exception raised is reported and
+    dropped: a ``__del__`` method, or a ``weakref.finalize`` calling its function."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (
+            code.co_name == "__call__" and code.co_filename == weakref.__file__
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _die_with_parent() -> None:  # runs in the child, between fork and exec

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 
 import pytest
 
 from controlplane.management.commands import run
+from controlplane.supervise import terminated_as_interrupted
 
 PY = sys.executable
 
@@ -102,3 +104,30 @@ def test_the_agent_closes_its_hypervisor_connection_on_shutdown(tmp_path, monkey
     agent_app._close_drivers()
     assert runtime._hypervisor is None
     assert conn._o is None  # closed: nothing left for virConnect.__del__ at exit
+
+
+class _Held:
+    """An object whose finalizer is where the SIGTERM lands."""
+
+
+def test_a_sigterm_landing_in_a_finalizer_still_ends_the_block():
+    """Python drops an exception raised in a finalizer: the SIGTERM is held and raised just
+    after, out of it, and the block still ends as Ctrl-C would."""
+    previous = signal.getsignal(signal.SIGALRM), signal.getsignal(signal.SIGTERM)
+    ran_on = []
+    with pytest.raises(SystemExit) as stopped, terminated_as_interrupted():
+        held = _Held()
+        weakref.finalize(held, os.kill, os.getpid(), signal.SIGTERM)
+        del held  # the finalizer runs here, and the signal's handler inside it
+        ran_on.append("after the finalizer")  # the program goes on a moment
+        time.sleep(30)  # ended by the held SIGTERM, not slept through
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert ran_on == ["after the finalizer"]
+    assert (signal.getsignal(signal.SIGALRM), signal.getsignal(signal.SIGTERM)) == previous
+
+
+def test_a_sigterm_elsewhere_ends_the_block_at_once():
+    with pytest.raises(SystemExit) as stopped, terminated_as_interrupted():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    assert stopped.value.code == 128 + signal.SIGTERM
