@@ -470,5 +470,6 @@ def test_a_kept_disk_stands_alone_with_what_the_guest_wrote(tmp_path):
     assert not kept.with_suffix(".partial").exists()
 
     written = kept.stat().st_mtime_ns
+    overlay.write_bytes(b"changed after")  # a repeat never writes the kept disk again
     host_tasks.keep_root_disk(VM, str(kept), real_host)  # a repeated task changes nothing
     assert kept.stat().st_mtime_ns == written

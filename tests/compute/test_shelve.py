@@ -218,27 +218,6 @@ def test_the_host_keeps_the_disk_idempotently_and_unshelve_boots_it(hv, tmp_path
     assert f"<source file='{kept}'" in xml or f'<source file="{kept}"' in xml
 
 
-def test_a_real_host_moves_the_overlay_into_the_store_once(tmp_path, monkeypatch):
-    runtime.configure(AgentConfig.from_env(host="gpu-01", instances_dir=tmp_path / "instances"))
-    try:
-        vm_id = "2c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f"
-        overlay = host_tasks.instance_dir(vm_id) / "root.qcow2"
-        overlay.parent.mkdir(parents=True)
-        overlay.write_bytes(b"QFI\xfbguest writes")
-        kept = tmp_path / "store" / f"{vm_id}.qcow2"
-
-        class RealHost:
-            simulated = False
-
-        host_tasks.keep_root_disk(vm_id, str(kept), RealHost())
-        assert kept.read_bytes() == b"QFI\xfbguest writes"
-        overlay.write_bytes(b"changed after")  # a repeat never overwrites the kept disk
-        host_tasks.keep_root_disk(vm_id, str(kept), RealHost())
-        assert kept.read_bytes() == b"QFI\xfbguest writes"
-    finally:
-        runtime.configure(None)
-
-
 def test_hosts_used_counters_match_after_shelve(project, sent):
     make_host()
     vm = running_vm(project, template=make_template(gpus=2))
