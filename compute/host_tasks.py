@@ -656,7 +656,29 @@ def guests_report() -> None:
     reports.send(runtime.config().host, GUESTS_REPORT, {"guests": guests}, taken_at=taken_at)
 
 
-def image_cache_prune() -> list[str]:
+_pruning = threading.Lock()
+
+
+def image_cache_prune() -> None:
+    """The agent's hourly prune of its image cache (``prune_image_cache``), in a thread of
+    its own: the agent's reports share one timer thread with the heartbeat, and listing a
+    shared shelve store may take long. A prune still running when the next falls due is
+    left to finish alone."""
+    if not _pruning.acquire(blocking=False):
+        return
+
+    def prune() -> None:
+        try:
+            prune_image_cache()
+        except OSError as e:
+            log.warning("image cache not pruned: %s", e)
+        finally:
+            _pruning.release()
+
+    threading.Thread(target=prune, name="image-cache-prune", daemon=True).start()
+
+
+def prune_image_cache() -> list[str]:
     """Remove from this host's image cache the copies that no disk here is based on and
     that no guest was made from for ``KUMO_IMAGE_CACHE_MIN_AGE_S`` (``ImageCache.prune``);
     returns their checksums. The disks looked at: every guest's instance overlay, and every

@@ -115,11 +115,12 @@ class ImageCache:
         return self.root / _hex(checksum)
 
     @contextmanager
-    def _lock(self, hex_: str):
+    def _lock(self, hex_: str, *, wait: bool = True):
+        """The checksum's exclusive lock; ``wait=False``: BlockingIOError when it is held."""
         locks = self.root / ".locks"
         locks.mkdir(parents=True, exist_ok=True)
         with open(locks / hex_, "a+") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             try:
                 yield
             finally:
@@ -150,8 +151,9 @@ class ImageCache:
         """Remove the copies that no disk is based on (``in_use``: the resolved paths the
         host's disks name as their backing files) and that ``ensure`` has not answered for
         ``min_age_s``; returns their checksums. Each is looked at again under its checksum's
-        lock, so a copy being fetched or checked meanwhile is left alone, and one ``ensure``
-        answered a moment ago is too young: the overlay made from it right after is safe."""
+        lock, taken without waiting: a copy being fetched or checked meanwhile is in use and
+        stays, and one ``ensure`` answered a moment ago is too young to go, so the overlay
+        made from it right after is safe."""
         if not self.root.is_dir():
             return []
         now = time.time() if now is None else now
@@ -159,13 +161,13 @@ class ImageCache:
         for path in sorted(self.root.iterdir()):
             if not _COPY.match(path.name) or path.resolve() in in_use:
                 continue
-            with self._lock(path.name):
-                try:
+            try:
+                with self._lock(path.name, wait=False):
                     if now - path.stat().st_mtime < min_age_s:
                         continue
                     path.unlink()
-                except FileNotFoundError:
-                    continue
+            except (BlockingIOError, FileNotFoundError):
+                continue  # in use this moment, or gone already
             removed.append(f"sha256:{path.name}")
         return removed
 

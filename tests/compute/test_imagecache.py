@@ -340,8 +340,38 @@ def test_the_agent_prunes_what_no_guest_and_no_kept_disk_is_based_on(agent):
     # A disk kept by an earlier shelve, when kept disks were overlays on a copy.
     _overlay(agent / "shelved" / f"{VM}.qcow2", kept_base)
 
-    assert host_tasks.image_cache_prune() == ["sha256:" + "c" * 64]
+    assert host_tasks.prune_image_cache() == ["sha256:" + "c" * 64]
     assert guest_base.exists() and kept_base.exists() and not unused.exists()
+
+
+def test_a_copy_whose_lock_is_held_stays_and_the_prune_does_not_wait(tmp_path):
+    cache = ImageCache(tmp_path)
+    busy = _copy(tmp_path, "d" * 64, age_s=3 * DAY)
+    with cache._lock("d" * 64):  # a guest's ensure checking it, in another thread
+        done = ThreadPoolExecutor(1).submit(cache.prune, set(), min_age_s=DAY)
+        assert done.result(timeout=10) == []
+    assert busy.exists()
+    assert cache.prune(set(), min_age_s=DAY) == ["sha256:" + "d" * 64]
+
+
+def test_the_agents_prune_runs_in_a_thread_of_its_own(agent, monkeypatch):
+    started, release = threading.Event(), threading.Event()
+    pruned = []
+
+    def slow():
+        started.set()
+        release.wait(10)
+        pruned.append(True)
+
+    monkeypatch.setattr(host_tasks, "prune_image_cache", slow)
+    host_tasks.image_cache_prune()  # returns at once: the timer thread is not held
+    assert started.wait(10)
+    host_tasks.image_cache_prune()  # one still running: no second one
+    release.set()
+    deadline = time.monotonic() + 10
+    while host_tasks._pruning.locked() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pruned == [True]
 
 
 def test_the_prune_is_an_hourly_agent_report_and_reads_its_settings(monkeypatch, tmp_path):
