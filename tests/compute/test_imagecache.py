@@ -183,6 +183,7 @@ def agent(tmp_path):
             host="cpu-01",
             instances_dir=tmp_path / "instances",
             image_cache_dir=tmp_path / "cache",
+            shelve_store=tmp_path / "shelved",
         )
     )
     yield tmp_path
@@ -324,14 +325,6 @@ def test_backing_file_reads_the_qcow2_header(tmp_path):
 
 @pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img is not installed")
 def test_the_agent_prunes_what_no_guest_and_no_kept_disk_is_based_on(agent):
-    runtime.configure(
-        AgentConfig.from_env(
-            host="cpu-01",
-            instances_dir=agent / "instances",
-            image_cache_dir=agent / "cache",
-            shelve_store=agent / "shelved",
-        )
-    )
     cache = agent / "cache"
     guest_base = _copy(cache, "a" * 64, age_s=3 * DAY)
     kept_base = _copy(cache, "b" * 64, age_s=3 * DAY)
