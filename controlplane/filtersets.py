@@ -5,7 +5,7 @@ from django import forms
 from django_filters.fields import IsoDateTimeField
 
 from controlplane.choices import AuditOutcome, AuditSource, OperationState
-from controlplane.models import AuditEvent, Operation
+from controlplane.models import AuditEvent, Event, Operation
 
 
 class _UTCDateTimeField(IsoDateTimeField):
@@ -49,3 +49,15 @@ class OperationFilterSet(django_filters.FilterSet):
     class Meta:
         model = Operation
         fields = ["state", "kind", "target_type", "target_id"]
+
+
+class EventFilterSet(django_filters.FilterSet):
+    """A project's events: of one kind, about one object, recorded at or after ``since`` and
+    before ``until`` (ISO 8601; UTC unless the value names a zone)."""
+
+    since = UTCDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = UTCDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Event
+        fields = ["kind", "object_id"]

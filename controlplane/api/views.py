@@ -16,7 +16,7 @@ from controlplane.api.viewsets import (
     ProjectScopedViewSet,
     ReadOnlyProjectViewSet,
 )
-from controlplane.filtersets import AuditEventFilterSet, OperationFilterSet
+from controlplane.filtersets import AuditEventFilterSet, EventFilterSet, OperationFilterSet
 from controlplane.models import AuditEvent, Event, Operation, Webhook
 from tenants.choices import Role
 
@@ -68,7 +68,7 @@ class ProjectEventViewSet(ReadOnlyProjectViewSet):
 
     model = Event
     serializer_class = EventSerializer
-    filterset_fields = ["kind", "object_id"]
+    filterset_class = EventFilterSet
     ordering_fields = ["created_at"]
 
 

@@ -1,14 +1,17 @@
 """Events reach the project: listed in the API, POSTed signed to its webhooks, mailed to
 its admins; nothing is sent for a change that rolled back."""
 
+import datetime
 import http.server
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 from django.core import mail
 from django.db import transaction
 from django.urls import reverse
+from django.utils import timezone
 
 from controlplane import events, services
 from controlplane.models import Event, Webhook
@@ -142,6 +145,39 @@ def test_the_feed_filters_by_kind_and_object_id(client_for, project):
     assert messages(object_id=notice.object_id) == ["c", "a"]
     assert messages(kind="budget.threshold", object_id=notice.object_id) == ["c"]
     assert messages(object_id="nothing-by-this-id") == []
+
+
+def test_the_feed_filters_by_period(client_for, project):
+    member = add_member(project, role=Role.READER)
+    old = events.emit("vm.eviction_notice", project=project, message="old")
+    middle = events.emit("vm.eviction_notice", project=project, message="middle")
+    events.emit("budget.threshold", project=project, message="new")
+    now = timezone.now()
+    Event.objects.filter(pk=old.pk).update(created_at=now - timedelta(hours=3))
+    Event.objects.filter(pk=middle.pk).update(created_at=now - timedelta(hours=1))
+    api = client_for(member)
+    url = reverse("api:project-event-list", kwargs={"project_slug": project.slug})
+
+    def messages(**query):
+        answer = api.get(url, query)
+        assert answer.status_code == 200, answer.json()
+        return [e["message"] for e in answer.json()["results"]]
+
+    two_hours_ago = (now - timedelta(hours=2)).isoformat()
+    assert messages(since=two_hours_ago) == ["new", "middle"]
+    assert messages(until=two_hours_ago) == ["old"]
+    at = Event.objects.get(pk=middle.pk).created_at
+    assert messages(since=at.isoformat()) == ["new", "middle"]  # at or after
+    assert messages(until=at.isoformat()) == ["old"]  # before
+    # A time in another zone is the same instant; a zone-less one is read as UTC.
+    tokyo = at.astimezone(datetime.timezone(timedelta(hours=9))).isoformat()
+    assert messages(since=tokyo, kind="vm.eviction_notice") == ["middle"]
+    assert messages(since=at.astimezone(datetime.UTC).replace(tzinfo=None).isoformat()) == [
+        "new",
+        "middle",
+    ]
+    refused = api.get(url, {"since": "yesterday"})
+    assert refused.status_code == 400 and "since" in refused.json()["details"]
 
 
 class TestEventIsolation(ProjectEndpointContract):

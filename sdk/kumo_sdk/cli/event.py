@@ -1,8 +1,8 @@
 """`kumo event`: the project's event feed (eviction notices, budget alerts, members
 joining, reclamation steps), newest first, as its webhooks receive it.
 
-The API filters events by kind and object id; ``--since`` is applied here, on the feed
-read newest first, and stops reading at the first older event."""
+The API filters events by kind, object id and time (``since``); several kinds are one
+list each, merged here."""
 
 import heapq
 import itertools
@@ -40,15 +40,17 @@ def _since(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _feed(kumo: Client, project: str, kinds: list[str], object_id: str | None) -> Iterator[Event]:
+def _feed(
+    kumo: Client, project: str, kinds: list[str], object_id: str | None, since: datetime | None
+) -> Iterator[Event]:
     """The project's events in the API's order, newest first (``created_at``, then id), of
-    ``object_id`` when given. The API takes one kind per request: several kinds are one lazy
-    list each, merged in that order."""
+    ``object_id`` and at or after ``since`` when given. The API takes one kind per request:
+    several kinds are one lazy list each, merged in that order."""
     if len(kinds) <= 1:
         kind = kinds[0] if kinds else None
-        return kumo.events.list(project=project, kind=kind, object_id=object_id)
+        return kumo.events.list(project=project, kind=kind, object_id=object_id, since=since)
     lists = [
-        kumo.events.list(project=project, kind=kind, object_id=object_id)
+        kumo.events.list(project=project, kind=kind, object_id=object_id, since=since)
         for kind in dict.fromkeys(kinds)
     ]
     return heapq.merge(*lists, key=lambda e: (e.created_at, e.id), reverse=True)
@@ -91,11 +93,7 @@ def event_list(
 ) -> None:
     """The project's events, newest first."""
     with connect(ctx) as kumo:
-        feed = _feed(kumo, current_project(kumo), kind or [], object_id)
-        if since is not None:
-            feed = itertools.takewhile(
-                lambda e: e.created_at is not None and e.created_at >= since, feed
-            )
+        feed = _feed(kumo, current_project(kumo), kind or [], object_id, since)
         events = list(itertools.islice(feed, limit))
     show(
         events,
