@@ -140,6 +140,14 @@ def _image_path(message: VmApply) -> str:
     return str(path)
 
 
+def _qemu_img() -> str:
+    """The path of ``qemu-img``, which a real host's root disks are made and kept with."""
+    qemu_img = shutil.which("qemu-img")
+    if qemu_img is None:
+        raise DriverError("qemu-img is not installed on this host")
+    return qemu_img
+
+
 def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
     """The guest's root disk: a qcow2 overlay on the image's cached copy, made once per VM.
 
@@ -155,9 +163,7 @@ def _root_disk(message: VmApply, hv: HypervisorDriver) -> DiskSpec:
     if getattr(hv, "simulated", False) or path.exists():
         return DiskSpec(source=str(path), format="qcow2")
     backing = _image_path(message)
-    qemu_img = shutil.which("qemu-img")
-    if qemu_img is None:
-        raise DriverError("qemu-img is not installed on this host")
+    qemu_img = _qemu_img()
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     subprocess.run(
@@ -200,9 +206,7 @@ def keep_root_disk(vm_id: str, kept: str, hv: HypervisorDriver) -> None:
     target = Path(kept)
     if getattr(hv, "simulated", False) or target.exists() or not source.exists():
         return
-    qemu_img = shutil.which("qemu-img")
-    if qemu_img is None:
-        raise DriverError("qemu-img is not installed on this host")
+    qemu_img = _qemu_img()
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
     subprocess.run(

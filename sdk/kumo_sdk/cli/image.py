@@ -125,12 +125,12 @@ def must_be_file(path: Path, hint: str) -> None:
 def uploaded(image: Image, json: bool) -> None:
     """What an upload made: the image with its size and checksum, or its JSON."""
     if json:
-        return output.emit_json(image.raw)
-    output.note(
-        f"Image {image.name} is {image.state}: {image.size_bytes} bytes, {image.checksum} "
-        f"(id {image.id})."
-    )
-    return None
+        output.emit_json(image.raw)
+    else:
+        output.note(
+            f"Image {image.name} is {image.state}: {image.size_bytes} bytes, {image.checksum} "
+            f"(id {image.id})."
+        )
 
 
 @command(app, "delete")
