@@ -107,11 +107,18 @@ def test_vms_on_two_hosts_get_their_overlay_and_a_restarted_agent_rebuilds_it(cl
         assert bridge_name(vni) in here and vxlan_name(vni) in here
     left = next(p for p in ports if p["host"] == "gpu-01")
     right = next(p for p in ports if p["host"] == "gpu-02")
-    fdb = subprocess.run(
-        ["bridge", "-n", fabric["gpu-01"].netns, "fdb", "show", "dev", vxlan_name(vni)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert f"{right['mac']} dst {fabric['gpu-02'].vtep}" in fdb
+
+    # A port turns active once its own host converged it; the other host learns its entry
+    # with its own next sync.
+    def fdb() -> str:
+        return subprocess.run(
+            ["bridge", "-n", fabric["gpu-01"].netns, "fdb", "show", "dev", vxlan_name(vni)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    entry = f"{right['mac']} dst {fabric['gpu-02'].vtep}"
+    wait_for(lambda: entry in fdb(), timeout=30, what="gpu-02's port in gpu-01's FDB", fleet=fleet)
+    assert entry in fdb()
 
     # The agent dies, and its host loses the network behind its back; the agent that
     # comes back reports generation 0 and is sent everything again.
