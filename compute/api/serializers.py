@@ -354,6 +354,12 @@ class LeaseUpdateSerializer(serializers.Serializer):
         help_text="lend its idle GPUs to spot VMs while it is active; false gives the spot "
         "VMs borrowing them their eviction notice now",
     )
+    ends_at = serializers.DateTimeField(
+        required=False,
+        help_text="end it then instead (in the future): later is admitted again for the time "
+        "it adds (409 with details.latest_ends_at when the fleet cannot hold it); earlier "
+        "gives the time back",
+    )
 
 
 class CapacityGuaranteeSerializer(serializers.ModelSerializer):

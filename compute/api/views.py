@@ -442,7 +442,8 @@ class LeaseViewSet(
     @extend_schema(request=s.LeaseUpdateSerializer, responses=s.LeaseSerializer)
     def partial_update(self, request, *args, **kwargs):
         """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
-        notice now); 409 once it has ended."""
+        notice now); end it later (admitted again for the added time: 409 with
+        ``details.latest_ends_at`` when it does not fit) or earlier; 409 once it has ended."""
         return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)
@@ -456,11 +457,12 @@ class LeaseViewSet(
 
 
 def _lease_updated(view, request):
-    """A PATCH of a lease (``lend_idle``), by its project's admins or by operators."""
+    """A PATCH of a lease (``lend_idle``, ``ends_at``), by its project's admins or by
+    operators. A PATCH naming nothing changes nothing."""
     data = s.LeaseUpdateSerializer(data=request.data)
     data.is_valid(raise_exception=True)
     lease = view.get_object()
-    if "lend_idle" in data.validated_data:  # a PATCH naming nothing changes nothing
+    if data.validated_data:
         lease = services.lease_update(lease=lease, **data.validated_data)
     return _lease_answer(view, lease)
 
@@ -648,7 +650,8 @@ class OperatorCapacityGuaranteeViewSet(
 
 class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
     """Every project's leases: the fleet's calendar (``ends_after`` and ``starts_before``
-    select a window); operators cancel any, and change whether it lends its idle GPUs."""
+    select a window); operators cancel any, change whether it lends its idle GPUs, and move
+    its end."""
 
     queryset = Lease.objects.select_related("project", "created_by")
     serializer_class = s.LeaseSerializer
@@ -659,7 +662,8 @@ class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ope
     @extend_schema(request=s.LeaseUpdateSerializer, responses=s.LeaseSerializer)
     def partial_update(self, request, pk=None):
         """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
-        notice now); 409 once it has ended."""
+        notice now); end it later (admitted again for the added time: 409 with
+        ``details.latest_ends_at`` when it does not fit) or earlier; 409 once it has ended."""
         return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)

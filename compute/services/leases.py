@@ -38,6 +38,10 @@ What a lease holds, and when:
 - **Ended** (at its end, or when cancelled): its running VMs are shelved (their disks are
   kept; unshelved later they are ordinary requests), the ones still waiting become
   ordinary requests, its GPUs are let go and its bill stops.
+- **Its end moved** (``lease_update``), at any time before it has ended: later, the time it
+  adds is admitted as a new lease over ``[old end, new end)`` would be (409 with the latest
+  end that fits); earlier, the time it cuts is given back. The GPUs it holds and its bill
+  follow the end, and ``lease.ending`` is told again before the new one.
 
 Every step is a row in the database that ``leases_tick`` (beat) reads, so a controller
 restarted mid-way carries on where it was.
@@ -253,8 +257,9 @@ class _Asked:
         free = self.hosts_free(start, end)
         return free is None or self.hosts_needed() <= free
 
-    def refuse(self, start: datetime, end: datetime):
-        later = earliest_fit(self.model, start, end, self.fits)
+    def shortfall(self, start: datetime, end: datetime) -> tuple[str, str, str]:
+        """Why it does not fit over ``[start, end)``: a sentence, the field it is about
+        (``gpus`` or ``hosts``) and that field's reason."""
         busy = guarantees.leased_peak(self.model, start, end)
         free = self.fleet - self.base - busy
         if free < self.gpus:
@@ -263,20 +268,23 @@ class _Asked:
                 f"{end.isoformat()}: the fleet has {self.fleet}, guarantees and on-demand VMs "
                 f"hold {self.base}, other leases up to {busy}"
             )
-            details = {"gpus": [f"more than the fleet can reserve then ({free} free)"]}
-        else:
-            hosts_free = self.hosts_free(start, end)
-            taken = self.whole.total - self.whole.pinned - hosts_free
-            message = (
-                f"{self.hosts_needed()} whole {self.model} hosts do not fit from "
-                f"{start.isoformat()} to {end.isoformat()}: the fleet has {self.whole.total}, "
-                f"on-demand VMs and guarantees hold or may take {self.whole.pinned}, other "
-                f"leases up to {taken}"
-            )
-            field = "hosts" if self.hosts is not None else "gpus"
-            details = {
-                field: [f"more whole hosts than the fleet can reserve then ({hosts_free} free)"]
-            }
+            return message, "gpus", f"more than the fleet can reserve then ({free} free)"
+        hosts_free = self.hosts_free(start, end)
+        taken = self.whole.total - self.whole.pinned - hosts_free
+        message = (
+            f"{self.hosts_needed()} whole {self.model} hosts do not fit from "
+            f"{start.isoformat()} to {end.isoformat()}: the fleet has {self.whole.total}, "
+            f"on-demand VMs and guarantees hold or may take {self.whole.pinned}, other "
+            f"leases up to {taken}"
+        )
+        field = "hosts" if self.hosts is not None else "gpus"
+        reason = f"more whole hosts than the fleet can reserve then ({hosts_free} free)"
+        return message, field, reason
+
+    def refuse(self, start: datetime, end: datetime):
+        later = earliest_fit(self.model, start, end, self.fits)
+        message, field, reason = self.shortfall(start, end)
+        details = {field: [reason]}
         if later is not None:
             message += f"; the earliest period that fits starts at {later.isoformat()}"
             details["earliest_starts_at"] = [later.isoformat()]
@@ -309,41 +317,126 @@ def lease_cancel(*, lease: Lease, actor=None) -> Lease:
     return lease
 
 
-# --- lending, changed ----------------------------------------------------------------------
+# --- lending and the end, changed ---------------------------------------------------------------
 
 
-def lease_update(*, lease: Lease, lend_idle: bool) -> Lease:
-    """Let ``lease`` lend its idle GPUs to spot VMs from now on, or stop. Stopping gives
-    the spot VMs borrowing its GPUs their eviction notice now, so the GPUs are idle again
-    once it is over and the lease's VMs start at once from then; a VM of the lease that
-    asks before takes them at the hand-over, as it would have. Starting lets spot VMs that
-    find no other room borrow its idle GPUs while it is active. A lease that has ended is
-    refused (409); the same value again changes nothing and records nothing."""
+def lease_update(
+    *, lease: Lease, lend_idle: bool | None = None, ends_at: datetime | None = None
+) -> Lease:
+    """Change whether ``lease`` lends its idle GPUs (``lend_idle``), when it ends
+    (``ends_at``), or both, in one transaction; None leaves a value as it is.
+
+    Lending: stopping gives the spot VMs borrowing its GPUs their eviction notice now, so
+    the GPUs are idle again once it is over and the lease's VMs start at once from then; a
+    VM of the lease that asks before takes them at the hand-over, as it would have.
+    Starting lets spot VMs that find no other room borrow its idle GPUs while it is active.
+
+    The end: moved later, the lease is admitted again for the time it adds, as a new lease
+    of its size over ``[its end, ends_at)`` would be (409 with the latest end that fits, when
+    the fleet cannot hold it to ``ends_at``); the GPUs it holds, it holds on. Moved earlier
+    (still in the future), it gives back the time it cut, and its bill stops then. Either
+    way its project is told before the new end (``lease.ending``), as before the old.
+
+    A lease that has ended is refused (409); the same values again change nothing and
+    record nothing."""
     with transaction.atomic():
         lease = Lease.objects.select_for_update().select_related("project").get(pk=lease.pk)
         if lease.state not in HOLDING:
             raise Conflict(
-                f"lease {lease.name} is {lease.state}: it holds no GPUs to lend",
+                f"lease {lease.name} is {lease.state}: it holds no GPUs to change",
                 code="lease_ended",
                 details={"state": [lease.state]},
             )
-        if lease.lend_idle == lend_idle:
-            return lease
-        lease.lend_idle = lend_idle
-        lease.save(update_fields=["lend_idle"])
-        noticed = 0
-        if lease.state == LeaseState.ACTIVE:
-            # The scheduler's view reads whether some lease lends (``_CachedView.lends``).
-            transaction.on_commit(placement.view.invalidate, robust=True)
-            if not lend_idle:
-                noticed = _notice_borrowers(lease)
-        audit.record(
-            "lease.update",
-            lease,
-            project=lease.project,
-            detail={"lend_idle": lend_idle, "spot_noticed": noticed},
-        )
+        changed = {}
+        if ends_at is not None and ends_at != lease.ends_at:
+            changed |= _move_end(lease, ends_at)
+        if lend_idle is not None and lend_idle != lease.lend_idle:
+            changed |= _change_lending(lease, lend_idle)
+        if changed:
+            audit.record("lease.update", lease, project=lease.project, detail=changed)
     return lease
+
+
+def _change_lending(lease: Lease, lend_idle: bool) -> dict:
+    lease.lend_idle = lend_idle
+    lease.save(update_fields=["lend_idle"])
+    noticed = 0
+    if lease.state == LeaseState.ACTIVE:
+        # The scheduler's view reads whether some lease lends (``_CachedView.lends``).
+        transaction.on_commit(placement.view.invalidate, robust=True)
+        if not lend_idle:
+            noticed = _notice_borrowers(lease)
+    return {"lend_idle": lend_idle, "spot_noticed": noticed}
+
+
+def _move_end(lease: Lease, ends_at: datetime) -> dict:
+    """End ``lease`` (its row locked) at ``ends_at`` instead: admitted again for the time
+    it adds; its GPUs' allocations follow."""
+    now = timezone.now()
+    if ends_at <= now:
+        raise InvalidInput.field("ends_at", "must be in the future")
+    if ends_at <= lease.starts_at:
+        raise InvalidInput.field("ends_at", "must be after starts_at")
+    if ends_at - lease.starts_at > timedelta(days=settings.LEASE_MAX_DAYS):
+        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
+    before = lease.ends_at
+    if ends_at > before:
+        _admit_extension(lease, before, ends_at)
+    # The GPUs it holds, it holds to the new end. No other lease holds one of them later:
+    # a lease takes hold only of GPUs no lease holds (``Device.lease``), so none took these
+    # while this one held them (and on PostgreSQL the exclusion constraint stands behind it).
+    LeaseAllocation.objects.filter(lease=lease).update(ends_at=ends_at)
+    lease.ends_at, lease.end_notice_at = ends_at, None  # told again before the new end
+    lease.save(update_fields=["ends_at", "end_notice_at"])
+    events.emit(
+        "lease.updated",
+        project=lease.project,
+        obj=lease,
+        message=f"lease {lease.name} now ends at {ends_at.isoformat()} "
+        f"(it ended at {before.isoformat()})",
+        payload={"lease": lease.pk, "ends_at": ends_at.isoformat(), "was": before.isoformat()},
+    )
+    return {"ends_at": ends_at.isoformat(), "previous_ends_at": before.isoformat()}
+
+
+def _admit_extension(lease: Lease, start: datetime, end: datetime) -> None:
+    """Admit ``lease``'s GPUs over ``[start, end)`` (its old end to its new one) as a new
+    lease of its size there would be, under the same locks; 409 with the latest end that
+    fits when they do not."""
+    model = lease.gpu_model
+    guarantees._advisory_lock(guarantees._SET_LOCK)
+    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
+    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
+    asked = _Asked(
+        model, lease.gpus, lease.hosts, fleet, guarantees.committed(model), _Hosts.read(model)
+    )
+    if asked.fits(start, end):
+        return
+    latest = _latest_fit(asked, start, end)
+    message, _field, reason = asked.shortfall(start, end)
+    message = f"lease {lease.name} cannot end at {end.isoformat()}: {message}; "
+    details = {"ends_at": [reason]}
+    if latest > start:
+        message += f"the latest end that fits is {latest.isoformat()}"
+        details["latest_ends_at"] = [latest.isoformat()]
+    else:
+        message += f"it cannot end later than {start.isoformat()} now"
+    raise Conflict(message, code="no_capacity", details=details)
+
+
+def _latest_fit(asked: _Asked, start: datetime, end: datetime) -> datetime:
+    """The latest end before ``end`` of a period from ``start`` that ``asked`` fits;
+    ``start`` when none does. What a period holds changes only where another lease starts
+    inside it, and a longer period holds all a shorter one does: the ends to try are those
+    starts, in order, up to the first that does not fit."""
+    latest = start
+    for bound in sorted({s for s, _e, _n in guarantees.lease_intervals(asked.model, start, end)}):
+        if bound <= start:
+            continue
+        if not asked.fits(start, bound):
+            break
+        latest = bound
+    return latest
 
 
 def _notice_borrowers(lease: Lease) -> int:

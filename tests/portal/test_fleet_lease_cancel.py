@@ -8,7 +8,7 @@ from django.urls import reverse
 from compute.choices import LeaseState
 from compute.models import Lease
 from controlplane.models import AuditEvent
-from tests.portal.test_leases import _one_now, at, reserve  # noqa: F401 (_one_now: autouse)
+from tests.portal.test_leases import _one_now, at, local, reserve  # noqa: F401 (_one_now: autouse)
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +49,17 @@ def test_an_operator_changes_a_projects_lease_lending_from_the_calendar(
     assert audit.detail["lend_idle"] is False and audit.actor_id == staff.pk
     bad = operator.post(lending, {"lend_idle": "maybe"}, follow=True)
     assert "lend_idle" in bad.content.decode() and not Lease.objects.get(pk=lease.pk).lend_idle
+
+
+def test_an_operator_moves_the_end_of_a_projects_lease(login, project, cloud, staff):
+    lease = reserve(project, 1, at(2), at(3), "soon")
+    moving = reverse("portal:fleet-lease-end", kwargs={"pk": lease.pk})
+    operator = login(staff)
+    assert moving in operator.get(reverse("portal:fleet-leases")).content.decode()
+    assert login(project.owner).post(moving, {"ends_at": local(at(5))}).status_code == 404
+    response = operator.post(moving, {"ends_at": local(at(5))}, follow=True)
+    assert f"Lease {project.slug}/soon ends at {at(5):%Y-%m-%d %H:%M} UTC." in (
+        response.content.decode()
+    )
+    assert Lease.objects.get(pk=lease.pk).ends_at == at(5)
+    assert AuditEvent.objects.get(action="lease.update").actor_id == staff.pk

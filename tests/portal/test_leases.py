@@ -187,6 +187,29 @@ def test_an_admin_switches_lending_and_a_member_cannot(login, project, cloud):
     assert not Lease.objects.get(pk=lease.pk).lend_idle
 
 
+def test_an_admin_moves_the_end_and_sees_the_latest_end_that_fits(login, project, cloud):
+    lease = reserve(project, 6, at(2), at(3), "mine")
+    reserve(make_project(), 4, at(5), at(6), "theirs")
+    moving = url("lease-end", project, pk=lease.pk)
+    client = login(project.owner)
+    page = client.get(url("leases", project)).content.decode()
+    assert f'action="{moving}"' in page and f'value="{local(at(3))}"' in page
+    member = login(cloud["users"][Role.MEMBER])
+    assert member.post(moving, {"ends_at": local(at(4))}).status_code == 403
+
+    response = client.post(moving, {"ends_at": local(at(4))}, follow=True)
+    assert f"Lease mine ends at {at(4):%Y-%m-%d %H:%M} UTC." in response.content.decode()
+    assert Lease.objects.get(pk=lease.pk).ends_at == at(4)
+    event = AuditEvent.objects.for_project(project).get(action="lease.update")
+    assert event.source == "portal" and event.detail["ends_at"] == at(4).isoformat()
+    # Past the next lease's start it does not fit: the refusal names the latest end that does.
+    refused = client.post(moving, {"ends_at": local(at(6))}, follow=True).content.decode()
+    assert f"the latest end that fits is {at(5).isoformat()}" in refused
+    assert Lease.objects.get(pk=lease.pk).ends_at == at(4)
+    bad = client.post(moving, {"ends_at": "tomorrow"}, follow=True).content.decode()
+    assert "ends_at: a date and time, such as 2026-12-01 09:00" in bad
+
+
 def test_a_vm_is_launched_in_a_lease(login, project, cloud):
     lease = reserve(project, 1, at(2), at(3), "mine")
     ended = reserve(project, 1, at(4), at(5), "over")

@@ -112,7 +112,7 @@ def test_operators_designate_reviewers_who_then_review(server, kumo_cli, owner):
     assert gone.exit_code == 1
 
 
-def test_an_operator_changes_a_projects_lease_lending_from_the_cli(server, kumo_cli, project):
+def test_an_operator_changes_a_projects_lease_from_the_cli(server, kumo_cli, project):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -137,3 +137,10 @@ def test_an_operator_changes_a_projects_lease_lending_from_the_cli(server, kumo_
     assert lent["lend_idle"] is True and Lease.objects.get(pk=lease.pk).lend_idle
     unsaid = kumo_cli("admin", "lease-update", str(lease.pk), ok=False)
     assert unsaid.exit_code != 0 and "--lend-idle or --no-lend-idle" in unsaid.stderr
+    later = kumo_cli("admin", "lease-update", str(lease.pk), "--extend", "1.5")
+    new_end = start + timedelta(hours=2.5)
+    assert f"Lease {project.slug}/run ends at {new_end:%Y-%m-%d %H:%M} UTC." in later.stderr
+    assert Lease.objects.get(pk=lease.pk).ends_at == new_end
+    at = (start + timedelta(hours=2)).isoformat()
+    assert kumo_cli("admin", "lease-update", str(lease.pk), "--ends", at).exit_code == 0
+    assert Lease.objects.get(pk=lease.pk).ends_at == start + timedelta(hours=2)

@@ -237,8 +237,20 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     with pytest.raises(InvalidInput) as bad:
         kumo.leases.create("bad", gpus=0, starts_at=start, ends_at=start)
     assert "gpus" in bad.value.details
-    [calendar] = staff.admin.leases.list(project=project.slug)
-    assert calendar.id == lease.id
+    # Its end moved later: admitted again for the time it adds, up to the next lease.
+    hour = timedelta(hours=1)
+    kumo.leases.create("then", gpus=4, starts_at=start + 3 * hour, ends_at=start + 4 * hour)
+    with pytest.raises(Conflict) as refused:
+        kumo.leases.update(lease.id, ends_at=start + 4 * hour)
+    assert refused.value.details["latest_ends_at"] == [(start + 3 * hour).isoformat()]
+    assert kumo.leases.update(lease.id, ends_at=start + 3 * hour).ends_at == start + 3 * hour
+    with pytest.raises(InvalidInput) as bad:
+        kumo.leases.update(lease.id, ends_at="soon")
+    assert "ends_at" in bad.value.details
+    calendar = staff.admin.leases.list(project=project.slug)
+    assert {x.name for x in calendar} == {"run", "then"}
+    moved = staff.admin.leases.update(lease.id, ends_at=start + 2 * hour)
+    assert moved.ends_at == start + 2 * hour
     # Operators change any project's lending; members cannot through the operators' path.
     assert not staff.admin.leases.update(lease.id, lend_idle=False).lend_idle
     assert staff.admin.leases.update(lease.id, lend_idle=True).lend_idle
@@ -255,6 +267,12 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     lent = logged_in("lease", "update", "later", "--lend-idle")
     assert "Lease later lends its idle GPUs to spot VMs." in lent.stderr
     assert kumo.leases.find("later").lend_idle
+    ends = kumo.leases.find("later").ends_at
+    moved = logged_in("lease", "update", "later", "--extend", "2")
+    assert f"Lease later ends at {ends + 2 * hour:%Y-%m-%d %H:%M} UTC." in moved.stderr
+    assert kumo.leases.find("later").ends_at == ends + 2 * hour
+    both = logged_in("lease", "update", "later", "--extend", "1", "--ends", "now", ok=False)
+    assert both.exit_code != 0 and "--ends or --extend, not both" in both.stderr
     assert not kumo.leases.update(lease.id, lend_idle=False).lend_idle
     with pytest.raises(InvalidInput) as bad:
         kumo.leases.update(lease.id, lend_idle="maybe")

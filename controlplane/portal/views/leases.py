@@ -1,13 +1,15 @@
 """Leases (``compute.services.leases``): a project's reservations of GPUs as a timeline
 over the coming days, reserving (admins: a lease is billed whether used or not; a lease
 the fleet cannot hold shows the earliest period that fits), cancelling, lending idle GPUs
-or keeping them; and the
-operators' calendar of every project's leases over the next 30 days."""
+or keeping them, moving the end (later is admitted again; a refusal names the latest end
+that fits); and the operators' calendar of every project's leases over the next 30 days."""
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django import forms
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -179,6 +181,35 @@ def _lending(request, lease, name: str, back: str):
     return act(request, change, done=done % {"name": name}, back=back, lease=lease, lend_idle=lend)
 
 
+@require_POST
+@project_page(write_role=Role.ADMIN)
+def lease_end(request, project, pk):
+    """End the lease at ``ends_at`` (the user's time zone) instead: later is admitted
+    again for the time it adds, earlier gives the time back."""
+    lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
+    return _end(request, lease, lease.name, reverse("portal:leases", kwargs={"slug": project.slug}))
+
+
+def _end(request, lease, name: str, back: str):
+    try:
+        ends_at = forms.DateTimeField().clean(request.POST.get("ends_at", ""))
+    except ValidationError:
+        ends_at = None
+
+    def change(lease, ends_at):  # a bad value is refused, and audited, as ``act`` does
+        if ends_at is None:
+            raise InvalidInput.field("ends_at", "a date and time, such as 2026-12-01 09:00")
+        services.lease_update(lease=lease, ends_at=ends_at)
+
+    shown = f"{timezone.localtime(ends_at):%Y-%m-%d %H:%M}" if ends_at else ""
+    done = _("Lease %(name)s ends at %(end)s %(zone)s.") % {
+        "name": name,
+        "end": shown,
+        "zone": timezone.get_current_timezone_name(),
+    }
+    return act(request, change, done=done, back=back, lease=lease, ends_at=ends_at)
+
+
 @staff_page
 def fleet_leases(request):
     """Every project's leases that hold or will hold GPUs over the next 30 days."""
@@ -228,3 +259,13 @@ def fleet_lease_lending(request, pk):
     lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
     name = f"{lease.project.slug}/{lease.name}"
     return _lending(request, lease, name, reverse("portal:fleet-leases"))
+
+
+@require_POST
+@staff_page
+def fleet_lease_end(request, pk):
+    """An operator moves the end of any project's lease (as the API's operator endpoint
+    does)."""
+    lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
+    name = f"{lease.project.slug}/{lease.name}"
+    return _end(request, lease, name, reverse("portal:fleet-leases"))

@@ -23,7 +23,7 @@ from kumo_sdk.cli.common import (
 )
 from kumo_sdk.cli.image import must_be_file, uploaded
 from kumo_sdk.cli.invoice import FormatOpt, InvoiceFormat, InvoiceId, OutputOpt, emit_download
-from kumo_sdk.cli.lease import LendIdle, lending_changed, lending_said
+from kumo_sdk.cli.lease import Ends, Extend, LendIdle, changes_said, lease_changed
 from kumo_sdk.cli.operation import show_operation
 from kumo_sdk.client import Client
 from kumo_sdk.errors import NotFound, OperationFailed
@@ -399,13 +399,17 @@ def lease_update(
     ctx: typer.Context,
     lease_id: Annotated[int, typer.Argument(help="The lease's ID (`kumo admin leases`).")],
     lend_idle: LendIdle = None,
+    ends: Ends = None,
+    extend: Extend = None,
     json: Json = False,
 ) -> None:
-    """Change any project's lease: whether it lends its idle GPUs to spot VMs."""
-    lend_idle = lending_said(lend_idle)
+    """Change any project's lease: whether it lends its idle GPUs to spot VMs, and when it
+    ends."""
     with connect(ctx) as kumo:
-        done = kumo.admin.leases.update(lease_id, lend_idle=lend_idle)
-    return lending_changed(done, f"{done.project}/{done.name}", json)
+        now = kumo.admin.leases.get(lease_id) if extend is not None else None
+        fields = changes_said(lend_idle, ends, extend, now)
+        done = kumo.admin.leases.update(lease_id, **fields)
+    return lease_changed(done, f"{done.project}/{done.name}", fields, json)
 
 
 ISSUER_HELP = (

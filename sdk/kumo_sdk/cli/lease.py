@@ -100,7 +100,8 @@ def lease_create(
     return None
 
 
-# ``kumo lease update`` and ``kumo admin lease-update``: whether a lease lends its idle GPUs.
+# ``kumo lease update`` and ``kumo admin lease-update``: whether a lease lends its idle GPUs,
+# and when it ends.
 LendIdle = Annotated[
     bool | None,
     typer.Option(
@@ -109,36 +110,72 @@ LendIdle = Annotated[
         "VMs borrowing them get their eviction notice now).",
     ),
 ]
+Ends = Annotated[
+    str | None,
+    typer.Option(
+        help="End it then instead: an ISO 8601 time (UTC unless it says). Later is admitted "
+        "again for the time it adds; when that does not fit, the answer names the latest "
+        "end that does."
+    ),
+]
+Extend = Annotated[
+    str | None,
+    typer.Option(help="Move its end by this many hours (negative: earlier), not --ends."),
+]
 
 
-def lending_said(lend_idle: bool | None) -> bool:
-    """``lend_idle`` as the command was told it; a usage error when it was not."""
-    if lend_idle is None:
-        raise typer.BadParameter("say --lend-idle or --no-lend-idle", param_hint="lend_idle")
-    return lend_idle
+def changes_said(lend_idle: bool | None, ends: str | None, extend: str | None, lease) -> dict:
+    """The fields ``kumo lease update`` was told to change on ``lease`` (as the API has
+    it now; read only for ``extend``); a usage error when it was told none, or both ways to
+    move the end."""
+    if ends is not None and extend is not None:
+        raise typer.BadParameter("say --ends or --extend, not both", param_hint="ends")
+    fields: dict = {}
+    if lend_idle is not None:
+        fields["lend_idle"] = lend_idle
+    if ends is not None:
+        fields["ends_at"] = _when(ends)
+    if extend is not None:
+        fields["ends_at"] = lease.ends_at + _hours(extend)
+    if not fields:
+        raise typer.BadParameter(
+            "say --lend-idle or --no-lend-idle, --ends or --extend", param_hint="lend_idle"
+        )
+    return fields
 
 
-def lending_changed(done, name: str, json: bool) -> None:
-    """Say what lease ``done`` (named ``name``) now does with its idle GPUs."""
+def lease_changed(done, name: str, fields: dict, json: bool) -> None:
+    """Say what lease ``done`` (named ``name``) now does, for each of ``fields`` changed."""
     if json:
         return output.emit_json(done.raw)
-    output.note(
-        f"Lease {name} lends its idle GPUs to spot VMs."
-        if done.lend_idle
-        else f"Lease {name} keeps its idle GPUs for its VMs."
-    )
+    if "lend_idle" in fields:
+        output.note(
+            f"Lease {name} lends its idle GPUs to spot VMs."
+            if done.lend_idle
+            else f"Lease {name} keeps its idle GPUs for its VMs."
+        )
+    if "ends_at" in fields:
+        output.note(f"Lease {name} ends at {done.ends_at:%Y-%m-%d %H:%M} UTC.")
     return None
 
 
 @command(app, "update")
-def lease_update(ctx: typer.Context, name: str, lend_idle: LendIdle = None, json: Json = False):
-    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs."""
-    lend_idle = lending_said(lend_idle)
+def lease_update(
+    ctx: typer.Context,
+    name: str,
+    lend_idle: LendIdle = None,
+    ends: Ends = None,
+    extend: Extend = None,
+    json: Json = False,
+):
+    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs, and
+    when it ends."""
     with connect(ctx) as kumo:
         project = current_project(kumo)
         found = kumo.leases.find(name, project=project)
-        done = kumo.leases.update(found.id, lend_idle=lend_idle, project=project)
-    return lending_changed(done, done.name, json)
+        fields = changes_said(lend_idle, ends, extend, found)
+        done = kumo.leases.update(found.id, project=project, **fields)
+    return lease_changed(done, done.name, fields, json)
 
 
 @command(app, "cancel")

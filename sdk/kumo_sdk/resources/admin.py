@@ -122,7 +122,8 @@ class AdminVms(_Admin):
 
 class AdminLeases(_Admin):
     """Every project's leases (the fleet's calendar: ``ends_after``, ``starts_before``);
-    ``cancel`` any, or ``update(id, lend_idle=False)`` whether it lends its idle GPUs."""
+    ``cancel`` any, or ``update(id, lend_idle=False)`` whether it lends its idle GPUs and
+    ``update(id, ends_at=...)`` when it ends."""
 
     path, type, find_by = "admin/leases/", Lease, None
     verbs = READ | {UPDATE}

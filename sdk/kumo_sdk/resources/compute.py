@@ -73,7 +73,9 @@ class Leases(Resource[Lease]):
     with the earliest period that does in ``details["earliest_starts_at"]``; ``cancel``
     drops one not started (billed nothing) or ends one now (its VMs are shelved);
     ``update(id, lend_idle=False)`` keeps its idle GPUs for its VMs from now on (the spot
-    VMs borrowing them get their eviction notice now), ``True`` lends them again. ``list``
+    VMs borrowing them get their eviction notice now), ``True`` lends them again;
+    ``update(id, ends_at=...)`` moves its end (later is admitted again for the time it adds:
+    409 with ``details["latest_ends_at"]`` when it does not fit). ``list``
     filters: ``state``, ``ends_after`` and ``starts_before`` (a calendar's window)."""
 
     path, type = "leases/", Lease

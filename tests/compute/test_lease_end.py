@@ -1,0 +1,171 @@
+"""A lease's end, moved: later is admitted again for the time it adds (refused with the
+latest end that fits, under concurrency on PostgreSQL too), its GPUs and its bill follow it,
+and its project is told again before the new end; earlier gives the time back."""
+
+import pytest
+from django.utils import timezone
+
+from compute import services
+from compute.choices import LeaseState
+from compute.models import Device, Lease, LeaseAllocation
+from controlplane.errors import Conflict, InvalidInput
+from controlplane.models import AuditEvent, Event
+from tenants.models import UsageRecord
+from tests.compute.test_guarantees import _race, roomy_project
+from tests.compute.test_leases import LEAD, _one_now, hour, reserve  # noqa: F401 (_one_now: autouse)
+from tests.factories import make_host
+
+
+def end(lease, at):
+    return services.lease_update(lease=lease, ends_at=at)
+
+
+@pytest.mark.django_db
+def test_an_active_lease_ends_later_holding_its_gpus_and_billed_to_the_new_end(sent):
+    make_host("gpu-a")  # 8 GPUs
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 4, hour(1), hour(3))
+    services.leases_tick(now=hour(1) - LEAD)
+    services.leases_tick(now=hour(1))
+    held = set(Device.objects.filter(lease=lease).values_list("pk", flat=True))
+    assert len(held) == 4
+
+    lease = end(lease, hour(5))
+    assert (lease.ends_at, lease.state) == (hour(5), LeaseState.ACTIVE)
+    assert Lease.objects.get(pk=lease.pk).ends_at == hour(5)
+    spans = set(LeaseAllocation.objects.filter(lease=lease).values_list("starts_at", "ends_at"))
+    assert spans == {(hour(1), hour(5))}
+    audit = AuditEvent.objects.get(action="lease.update", object_id=str(lease.pk))
+    five, three = hour(5).isoformat(), hour(3).isoformat()
+    assert audit.detail == {"ends_at": five, "previous_ends_at": three}
+    told = Event.objects.get(kind="lease.updated", project=mine)
+    assert told.payload == {"lease": lease.pk, "ends_at": five, "was": three}
+
+    # The time it added is taken: another project's 8 GPUs fit only after the new end.
+    with pytest.raises(Conflict) as refused:
+        reserve(other, 8, hour(4), hour(6), name="after")
+    assert refused.value.details["earliest_starts_at"] == [hour(5).isoformat()]
+    # Its project is told before the new end, not the old one; it ends then, and so does its bill.
+    assert services.leases_tick(now=hour(3) - LEAD)["warned"] == 0
+    assert services.leases_tick(now=hour(5) - LEAD)["warned"] == 1
+    assert services.leases_tick(now=hour(3))["ended"] == 0
+    assert set(Device.objects.filter(lease=lease).values_list("pk", flat=True)) == held
+    assert services.leases_tick(now=hour(5))["ended"] == 1
+    bill = UsageRecord.objects.get(subject_type="compute.lease", subject_id=str(lease.pk))
+    assert (bill.started_at, bill.ended_at) == (hour(1), hour(5))
+
+
+@pytest.mark.django_db
+def test_an_end_later_that_does_not_fit_names_the_latest_end_that_does(sent):
+    make_host("gpu-a")
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 6, hour(1), hour(3))
+    reserve(other, 4, hour(5), hour(7), name="next")
+    with pytest.raises(Conflict) as refused:
+        end(lease, hour(6))
+    assert refused.value.code == "no_capacity"
+    assert refused.value.details["latest_ends_at"] == [hour(5).isoformat()]
+    assert refused.value.details["ends_at"] == ["more than the fleet can reserve then (4 free)"]
+    assert f"the latest end that fits is {hour(5).isoformat()}" in refused.value.message
+    assert Lease.objects.get(pk=lease.pk).ends_at == hour(3)  # refused, unchanged
+    assert not AuditEvent.objects.filter(action="lease.update").exists()
+    # Up to the next lease's start it fits: back to back is no overlap.
+    assert end(lease, hour(5)).ends_at == hour(5)
+
+
+@pytest.mark.django_db
+def test_no_later_end_fits_when_the_next_lease_starts_at_the_end(sent):
+    make_host("gpu-a")
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 4, hour(1), hour(2))
+    reserve(other, 8, hour(2), hour(4), name="next")
+    with pytest.raises(Conflict) as refused:
+        end(lease, hour(3))
+    assert "latest_ends_at" not in refused.value.details
+    assert f"it cannot end later than {hour(2).isoformat()} now" in refused.value.message
+
+
+@pytest.mark.django_db
+def test_an_earlier_end_gives_the_time_back_and_tells_the_project_again(sent):
+    make_host("gpu-a")
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 8, hour(1), hour(5))
+    services.leases_tick(now=hour(1) - LEAD)
+    services.leases_tick(now=hour(1))
+    assert services.leases_tick(now=hour(5) - LEAD)["warned"] == 1
+    lease = end(lease, hour(2))
+    assert set(LeaseAllocation.objects.filter(lease=lease).values_list("ends_at", flat=True)) == {
+        hour(2)
+    }
+    assert reserve(other, 8, hour(2), hour(4), name="then").state == LeaseState.SCHEDULED
+    # Warned of the old end, it is warned again of the new one.
+    assert services.leases_tick(now=hour(2) - LEAD)["warned"] == 1
+    assert Event.objects.filter(kind="lease.ending", project=mine).count() == 2
+    assert services.leases_tick(now=hour(2))["ended"] == 1
+
+
+@pytest.mark.django_db
+def test_a_scheduled_lease_moves_its_end_and_the_same_end_changes_nothing():
+    make_host("gpu-a")
+    lease = reserve(roomy_project(), 8, hour(1), hour(2))
+    assert end(lease, hour(4)).ends_at == hour(4)
+    assert not LeaseAllocation.objects.exists()  # it holds no GPU before its lead
+    end(lease, hour(4))
+    assert AuditEvent.objects.filter(action="lease.update").count() == 1
+    # Both changes at once, one record.
+    services.lease_update(lease=lease, ends_at=hour(3), lend_idle=False)
+    both = AuditEvent.objects.filter(action="lease.update").latest("pk").detail
+    assert both["ends_at"] == hour(3).isoformat() and both["lend_idle"] is False
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "at, reason",
+    [
+        (lambda: timezone.now(), "must be in the future"),
+        (lambda: hour(1), "must be after starts_at"),
+        (lambda: hour(2) + timezone.timedelta(days=400), "days at most"),
+    ],
+)
+def test_a_bad_end_names_the_field(at, reason):
+    make_host("gpu-a")
+    lease = reserve(roomy_project(), 8, hour(1), hour(2))
+    with pytest.raises(InvalidInput) as bad:
+        end(lease, at())
+    assert reason in bad.value.details["ends_at"][0]
+
+
+@pytest.mark.django_db
+def test_an_ended_lease_keeps_its_end():
+    make_host("gpu-a")
+    lease = services.lease_cancel(lease=reserve(roomy_project(), 8, hour(1), hour(2)))
+    with pytest.raises(Conflict) as ended:
+        end(lease, hour(3))
+    assert ended.value.code == "lease_ended"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_extension_and_a_new_lease_racing_for_the_same_gpus_never_both_win():
+    make_host("gpu-a")  # 8 GPUs
+    projects = [roomy_project() for _ in range(4)]
+    leases = [reserve(projects[0], 6, hour(1), hour(2), name="long")]
+    start, until = hour(2), hour(3)
+
+    def work(index):
+        if index == 0:
+            end(leases[0], until)
+        else:
+            reserve(projects[index], 6, start, until, name=f"new{index}")
+        return "ok"
+
+    results, errors = _race(4, work)
+    assert errors == []
+    assert results.count("ok") == 1 and results.count("no_capacity") == 3
+    # Over [2 h, 3 h) six GPUs are promised, by the extension or by one new lease.
+    promised = sum(
+        lease.gpus
+        for lease in Lease.objects.filter(state=LeaseState.SCHEDULED)
+        if lease.starts_at < until and lease.ends_at > start
+    )
+    assert promised == 6
