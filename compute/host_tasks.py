@@ -684,11 +684,12 @@ def image_cache_prune() -> None:
 
 def prune_image_cache() -> list[str]:
     """Remove from this host's image cache the copies that no disk here is based on and
-    that no guest was made from for ``KUMO_IMAGE_CACHE_MIN_AGE_S`` (``ImageCache.prune``);
-    returns their checksums. The disks looked at: every guest's instance overlay, and every
-    kept disk in the shelve store (those kept before shelve merged them with their image
-    are overlays on a copy). Nothing to do on a host whose cache was never made (a
-    simulated one)."""
+    that no guest was made from for ``KUMO_IMAGE_CACHE_MIN_AGE_S``, then more of them, least
+    recently used first, while the cache is over ``KUMO_IMAGE_CACHE_MAX_GIB``
+    (``ImageCache.prune``); returns their checksums. The disks looked at: every guest's
+    instance overlay, and every kept disk in the shelve store (those kept before shelve
+    merged them with their image are overlays on a copy). Nothing to do on a host whose
+    cache was never made (a simulated one)."""
     config = runtime.config()
     cache = ImageCache(config.image_cache_dir)
     if not cache.root.is_dir():
@@ -696,7 +697,11 @@ def prune_image_cache() -> list[str]:
     disks = [*Path(config.instances_dir).glob("*/root.qcow2")]
     disks += Path(config.shelve_store).glob("*.qcow2")
     in_use = {base for disk in disks if (base := backing_file(disk)) is not None}
-    removed = cache.prune(in_use, min_age_s=config.image_cache_min_age_s)
+    removed = cache.prune(
+        in_use,
+        min_age_s=config.image_cache_min_age_s,
+        max_bytes=int(config.image_cache_max_gib * 2**30),
+    )
     if removed:
         log.info("image cache: removed %d unused copies: %s", len(removed), ", ".join(removed))
     return removed

@@ -16,8 +16,9 @@ gives the path of a verified copy:
 Each answer of ``ensure`` marks its copy used (its modification time). ``prune`` removes
 the copies that no disk on the host is based on and that nobody asked for within a minimum
 age (a day by default, as Nova's image cache manager keeps an unused base image): the
-agent runs it every hour (``compute.host_tasks.image_cache_prune``). A copy removed is
-fetched again by the next guest that needs it.
+agent runs it every hour (``compute.host_tasks.image_cache_prune``). With a cap on the
+cache's size, it then removes more of those copies, least recently used first, until the
+rest fit under it. A copy removed is fetched again by the next guest that needs it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 _HEX = re.compile(r"^sha256:([0-9a-f]{64})$")
 _COPY = re.compile(r"^[0-9a-f]{64}$")  # a cached copy's file name
+# Over its cap, the cache still keeps a copy ``ensure`` answered this recently: the overlay
+# of the guest that asked is made from it right after.
+CAP_MIN_AGE_S = 600.0
 _seq = itertools.count()
 
 
@@ -147,29 +151,71 @@ class ImageCache:
             self._fetch(url, final, checksum=checksum, size=size)
             return final
 
-    def prune(self, in_use: set[Path], *, min_age_s: float, now: float | None = None) -> list[str]:
+    def prune(
+        self,
+        in_use: set[Path],
+        *,
+        min_age_s: float,
+        max_bytes: int = 0,
+        now: float | None = None,
+    ) -> list[str]:
         """Remove the copies that no disk is based on (``in_use``: the resolved paths the
         host's disks name as their backing files) and that ``ensure`` has not answered for
-        ``min_age_s``; returns their checksums. Each is looked at again under its checksum's
-        lock, taken without waiting: a copy being fetched or checked meanwhile is in use and
-        stays, and one ``ensure`` answered a moment ago is too young to go, so the overlay
-        made from it right after is safe."""
+        ``min_age_s``; returns their checksums. Then, when ``max_bytes`` is set and the
+        copies left take more than that on disk, remove more of those no disk is based on,
+        least recently used first, until the rest fit; a copy answered within
+        ``CAP_MIN_AGE_S`` stays, and so do those disks are based on, even over the cap
+        (guests run on them: a warning says so). Each is looked at again under its
+        checksum's lock, taken without waiting: a copy being fetched or checked meanwhile is
+        in use and stays, and one ``ensure`` answered a moment ago is too young to go, so the
+        overlay made from it right after is safe."""
         if not self.root.is_dir():
             return []
         now = time.time() if now is None else now
-        removed = []
+        removed, unused, total = [], [], 0
         for path in sorted(self.root.iterdir()):
-            if not _COPY.match(path.name) or path.resolve() in in_use:
+            if not _COPY.match(path.name):
+                continue
+            if path.resolve() not in in_use and self._remove(path, min_age_s, now):
+                removed.append(f"sha256:{path.name}")
                 continue
             try:
-                with self._lock(path.name, wait=False):
-                    if now - path.stat().st_mtime < min_age_s:
-                        continue
-                    path.unlink()
-            except (BlockingIOError, FileNotFoundError):
-                continue  # in use this moment, or gone already
-            removed.append(f"sha256:{path.name}")
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            total += stat.st_blocks * 512  # what it takes on disk (a copy may be sparse)
+            if path.resolve() not in in_use:
+                unused.append((stat.st_mtime, path, stat.st_blocks * 512))
+        if max_bytes <= 0 or total <= max_bytes:  # no cap, or under it
+            return removed
+        for _used_at, path, size in sorted(unused):
+            if total <= max_bytes:
+                break
+            if self._remove(path, CAP_MIN_AGE_S, now):
+                removed.append(f"sha256:{path.name}")
+                total -= size
+        if total > max_bytes:
+            log.warning(
+                "image cache: %s holds %d bytes, over its cap of %d: the rest are disks' "
+                "images or were used within %d s",
+                self.root,
+                total,
+                max_bytes,
+                CAP_MIN_AGE_S,
+            )
         return removed
+
+    def _remove(self, path: Path, min_age_s: float, now: float) -> bool:
+        """Remove the copy at ``path`` if ``ensure`` has not answered it for ``min_age_s``
+        and nobody holds its lock; whether it did."""
+        try:
+            with self._lock(path.name, wait=False):
+                if now - path.stat().st_mtime < min_age_s:
+                    return False
+                path.unlink()
+        except (BlockingIOError, FileNotFoundError):
+            return False  # in use this moment, or gone already
+        return True
 
     def _fetch(self, url: str, final: Path, *, checksum: str, size: int) -> None:
         partial_dir = self.root / ".partial"

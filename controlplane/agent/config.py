@@ -54,9 +54,12 @@ class AgentConfig:
     # first use, verified before every use (compute.drivers.imagecache).
     image_cache_dir: Path | None = None
     # KUMO_IMAGE_CACHE_PRUNE_INTERVAL_S: seconds between prunes of that cache (one at start);
-    # KUMO_IMAGE_CACHE_MIN_AGE_S: a copy no disk here is based on goes once unused this long.
+    # KUMO_IMAGE_CACHE_MIN_AGE_S: a copy no disk here is based on goes once unused this long;
+    # KUMO_IMAGE_CACHE_MAX_GIB: over this size, such copies go sooner, least recently used
+    # first (0: no cap).
     image_cache_prune_s: float = 3600.0
     image_cache_min_age_s: float = 86400.0
+    image_cache_max_gib: float = 0.0
     # KUMO_SHELVE_STORE: where shelved VMs' disks are kept (the controller's setting, the same
     # path on every host); the prune keeps the images that disks there are based on.
     shelve_store: Path = Path("/var/lib/kumo/shelved")
@@ -92,6 +95,7 @@ class AgentConfig:
             "network_report_s": float(env.get("KUMO_NETWORK_REPORT_INTERVAL_S", "30")),
             "image_cache_prune_s": float(env.get("KUMO_IMAGE_CACHE_PRUNE_INTERVAL_S", "3600")),
             "image_cache_min_age_s": float(env.get("KUMO_IMAGE_CACHE_MIN_AGE_S", "86400")),
+            "image_cache_max_gib": float(env.get("KUMO_IMAGE_CACHE_MAX_GIB", "0")),
             "shelve_store": Path(env.get("KUMO_SHELVE_STORE", "/var/lib/kumo/shelved")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,33 @@ def test_prune_removes_only_old_copies_no_disk_is_based_on(tmp_path):
     assert ImageCache(tmp_path / "never-made").prune(set(), min_age_s=0) == []
 
 
+def test_over_its_cap_the_least_recently_used_unused_copies_go_first(tmp_path, caplog):
+    cache = ImageCache(tmp_path)
+    mib = 1 << 20
+
+    def sized(name, age_s):
+        path = _copy(tmp_path, name * 64, age_s=age_s)
+        path.write_bytes(b"\1" * mib)
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    oldest, older, recent = sized("a", 5 * 3600), sized("b", 3 * 3600), sized("c", 2 * 3600)
+    used = sized("d", 10 * 3600)  # a guest's disk is based on it: stays, though the oldest
+    fresh = sized("e", 60)  # ensure answered it a minute ago: its overlay comes next
+    # No cap: none is a day old, none goes.
+    assert cache.prune({used.resolve()}, min_age_s=DAY) == []
+    # 5 MiB under a cap of 3: the two least recently used of those no disk is based on go.
+    gone = cache.prune({used.resolve()}, min_age_s=DAY, max_bytes=3 * mib)
+    assert gone == ["sha256:" + "a" * 64, "sha256:" + "b" * 64]
+    assert not oldest.exists() and not older.exists()
+    assert recent.exists() and used.exists() and fresh.exists()
+    assert "over its cap" not in caplog.text
+    # Under a cap of 1 MiB only the recent one can go: the rest are a disk's or too young.
+    gone = cache.prune({used.resolve()}, min_age_s=DAY, max_bytes=mib)
+    assert gone == ["sha256:" + "c" * 64] and used.exists() and fresh.exists()
+    assert "over its cap of 1048576" in caplog.text
+
+
 def test_a_copy_ensure_answered_counts_as_used_now(tmp_path, server):
     cache = ImageCache(tmp_path)
     path = _copy(tmp_path, SHA[7:], age_s=0)
@@ -337,6 +365,15 @@ def test_the_agent_prunes_what_no_guest_and_no_kept_disk_is_based_on(agent):
     assert guest_base.exists() and kept_base.exists() and not unused.exists()
 
 
+def test_the_agents_prune_holds_the_cache_to_its_cap(agent):
+    cache = agent / "cache"
+    hour_old = _copy(cache, "a" * 64, age_s=3600)  # unused, but not for a day
+    assert host_tasks.prune_image_cache() == []  # no cap by default
+    runtime.configure(replace(runtime.config(), image_cache_max_gib=1 / 2**30))  # one byte
+    assert host_tasks.prune_image_cache() == ["sha256:" + "a" * 64]
+    assert not hour_old.exists()
+
+
 def test_a_copy_whose_lock_is_held_stays_and_the_prune_does_not_wait(tmp_path):
     cache = ImageCache(tmp_path)
     busy = _copy(tmp_path, "d" * 64, age_s=3 * DAY)
@@ -373,9 +410,12 @@ def test_the_prune_is_an_hourly_agent_report_and_reads_its_settings(monkeypatch,
     assert ("compute.host_tasks:image_cache_prune", "image_cache_prune_s") in plugins.REPORTERS
     defaults = AgentConfig.from_env(host="h")
     assert (defaults.image_cache_prune_s, defaults.image_cache_min_age_s) == (3600.0, DAY)
+    assert defaults.image_cache_max_gib == 0  # no cap
     monkeypatch.setenv("KUMO_IMAGE_CACHE_PRUNE_INTERVAL_S", "600")
     monkeypatch.setenv("KUMO_IMAGE_CACHE_MIN_AGE_S", "7200")
+    monkeypatch.setenv("KUMO_IMAGE_CACHE_MAX_GIB", "50")
     monkeypatch.setenv("KUMO_SHELVE_STORE", str(tmp_path))
     config = AgentConfig.from_env(host="h")
     assert (config.image_cache_prune_s, config.image_cache_min_age_s) == (600.0, 7200.0)
+    assert config.image_cache_max_gib == 50.0
     assert config.shelve_store == tmp_path
