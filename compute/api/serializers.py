@@ -360,6 +360,14 @@ class LeaseUpdateSerializer(serializers.Serializer):
         "it adds (409 with details.latest_ends_at when the fleet cannot hold it); earlier "
         "gives the time back",
     )
+    gpus = serializers.IntegerField(
+        min_value=1,
+        max_value=4096,
+        required=False,
+        help_text="hold this many GPUs from now on (a lease of GPUs): more are admitted over "
+        "what is left of it and held at once (409 naming the most that fit); fewer let go "
+        "of GPUs its VMs do not use (409 when they use more)",
+    )
 
 
 class CapacityGuaranteeSerializer(serializers.ModelSerializer):

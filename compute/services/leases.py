@@ -42,6 +42,10 @@ What a lease holds, and when:
   adds is admitted as a new lease over ``[old end, new end)`` would be (409 with the latest
   end that fits); earlier, the time it cuts is given back. The GPUs it holds and its bill
   follow the end, and ``lease.ending`` is told again before the new one.
+- **Its size changed** (``lease_update``, a lease of GPUs), at any time before it has
+  ended: more is admitted as a new lease of the GPUs added over what is left of it would be
+  (409 with the most that fit) and, once it holds GPUs, held at once (the spot VMs on them
+  noticed); fewer lets go at once of GPUs its VMs do not use. Its bill follows from then.
 
 Every step is a row in the database that ``leases_tick`` (beat) reads, so a controller
 restarted mid-way carries on where it was.
@@ -321,10 +325,15 @@ def lease_cancel(*, lease: Lease, actor=None) -> Lease:
 
 
 def lease_update(
-    *, lease: Lease, lend_idle: bool | None = None, ends_at: datetime | None = None
+    *,
+    lease: Lease,
+    lend_idle: bool | None = None,
+    ends_at: datetime | None = None,
+    gpus: int | None = None,
 ) -> Lease:
     """Change whether ``lease`` lends its idle GPUs (``lend_idle``), when it ends
-    (``ends_at``), or both, in one transaction; None leaves a value as it is.
+    (``ends_at``), how many GPUs it holds (``gpus``), or several, in one transaction; None
+    leaves a value as it is.
 
     Lending: stopping gives the spot VMs borrowing its GPUs their eviction notice now, so
     the GPUs are idle again once it is over and the lease's VMs start at once from then; a
@@ -337,6 +346,13 @@ def lease_update(
     (still in the future), it gives back the time it cut, and its bill stops then. Either
     way its project is told before the new end (``lease.ending``), as before the old.
 
+    Its size (a lease of GPUs; whole hosts keep theirs): more GPUs are admitted as a new
+    lease of the GPUs added over what is left of it would be (409 with the most that fit);
+    one that holds GPUs already takes hold of the added ones at once (the spot VMs on them
+    get their notice). Fewer: the GPUs its VMs do not use go back at once (409 when its VMs
+    use more than that). Its bill follows from now. Shrinking is done before the end
+    moves, growing after, so each is admitted over the period it will hold.
+
     A lease that has ended is refused (409); the same values again change nothing and
     record nothing."""
     with transaction.atomic():
@@ -348,8 +364,13 @@ def lease_update(
                 details={"state": [lease.state]},
             )
         changed = {}
+        resize = gpus is not None and gpus != lease.gpus
+        if resize and gpus < lease.gpus:
+            changed |= _resize(lease, gpus)
         if ends_at is not None and ends_at != lease.ends_at:
             changed |= _move_end(lease, ends_at)
+        if resize and gpus > lease.gpus:
+            changed |= _resize(lease, gpus)
         if lend_idle is not None and lend_idle != lease.lend_idle:
             changed |= _change_lending(lease, lend_idle)
         if changed:
@@ -382,10 +403,11 @@ def _move_end(lease: Lease, ends_at: datetime) -> dict:
     before = lease.ends_at
     if ends_at > before:
         _admit_extension(lease, before, ends_at)
-    # The GPUs it holds, it holds to the new end. No other lease holds one of them later:
-    # a lease takes hold only of GPUs no lease holds (``Device.lease``), so none took these
-    # while this one held them (and on PostgreSQL the exclusion constraint stands behind it).
-    LeaseAllocation.objects.filter(lease=lease).update(ends_at=ends_at)
+    # The GPUs it holds, it holds to the new end (those it let go of stay let go). No other
+    # lease holds one of them later: a lease takes hold only of GPUs no lease holds
+    # (``Device.lease``), so none took these while this one held them (and on PostgreSQL
+    # the exclusion constraint stands behind it).
+    LeaseAllocation.objects.filter(lease=lease, ends_at=before).update(ends_at=ends_at)
     lease.ends_at, lease.end_notice_at = ends_at, None  # told again before the new end
     lease.save(update_fields=["ends_at", "end_notice_at"])
     events.emit(
@@ -422,6 +444,112 @@ def _admit_extension(lease: Lease, start: datetime, end: datetime) -> None:
     else:
         message += f"it cannot end later than {start.isoformat()} now"
     raise Conflict(message, code="no_capacity", details=details)
+
+
+def _resize(lease: Lease, gpus: int) -> dict:
+    """Make ``lease`` (its row locked) one of ``gpus`` GPUs from now on."""
+    if lease.hosts is not None:
+        raise InvalidInput.field(
+            "gpus", "a lease of whole hosts keeps its hosts: reserve more in another lease"
+        )
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InvalidInput.field("gpus", "must be 1 or more")
+    now = timezone.now()
+    start, before = max(lease.starts_at, now), lease.gpus
+    holding = lease.state in (LeaseState.PREPARING, LeaseState.ACTIVE)
+    noticed = 0
+    if gpus > before:
+        _admit_more(lease, gpus - before, start)
+    lease.gpus = gpus
+    if holding and gpus > before:
+        noticed = _hold_more(lease, gpus - before, start, now)
+    elif holding:
+        _let_go(lease, gpus, now)
+    if holding:
+        held = Device.objects.filter(lease=lease).count()
+        lease.state_reason = f"holding {held} of {gpus} GPUs" if held < gpus else ""
+        if held < gpus and gpus > before:  # hosts left service since it was admitted
+            _at_risk(lease, held)
+    lease.save(update_fields=["gpus", "state_reason"])
+    if lease.state == LeaseState.ACTIVE:  # its bill: the new size from now
+        usage.usage_open(
+            lease,
+            UsageResource.GPU.value,
+            gpus,
+            at=now,
+            model=lease.gpu_model,
+            priority=BillingPriority.RESERVED,
+            name=f"lease {lease.name}",
+        )
+    events.emit(
+        "lease.updated",
+        project=lease.project,
+        obj=lease,
+        message=f"lease {lease.name} now holds {gpus} {lease.gpu_model} GPUs (it held {before})",
+        payload={"lease": lease.pk, "gpus": gpus, "was": before},
+    )
+    return {"gpus": gpus, "previous_gpus": before, "spot_noticed": noticed}
+
+
+def _admit_more(lease: Lease, more: int, start: datetime) -> None:
+    """Admit ``more`` GPUs for ``lease`` over ``[start, its end)`` as a new lease of them
+    there would be (the lease itself counted at its size), under the same locks; 409 with
+    the most it may hold then."""
+    model = lease.gpu_model
+    guarantees._advisory_lock(guarantees._SET_LOCK)
+    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
+    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
+    asked = _Asked(model, more, None, fleet, guarantees.committed(model), _Hosts.read(model))
+    if asked.fits(start, lease.ends_at):
+        return
+    message, _field, _reason = asked.shortfall(start, lease.ends_at)
+    busy = guarantees.leased_peak(model, start, lease.ends_at)  # this lease among them
+    most = lease.gpus + max(0, fleet - asked.base - busy)
+    raise Conflict(
+        f"lease {lease.name} cannot hold {lease.gpus + more} GPUs: {message} (this lease "
+        f"{lease.gpus} of them); it may hold {most} then",
+        code="no_capacity",
+        details={"gpus": [f"more than the fleet can reserve then (at most {most})"]},
+    )
+
+
+def _hold_more(lease: Lease, more: int, start: datetime, now: datetime) -> int:
+    """Take hold of ``more`` GPUs for ``lease``, which holds GPUs already; returns how many
+    spot VMs on them got their notice."""
+    held = _hold(lease, _choose_devices(lease, more, start), start)
+    if held is None:
+        raise Conflict(
+            f"lease {lease.name}: a GPU it chose was taken meanwhile; try again",
+            code="conflict",
+        )
+    why = f"its GPUs are reserved by a lease from {start:%H:%M:%S}"
+    return _notify_spot([d.vm_id for d in held if d.vm_id is not None], now, why=why)
+
+
+def _let_go(lease: Lease, gpus: int, now: datetime) -> None:
+    """Hold at most ``gpus`` of the GPUs ``lease`` holds: let go of ones none of its VMs
+    use, free ones first (a spot VM borrowing one runs on as any spot VM); 409 when its
+    VMs use more."""
+    from compute.services import spot
+
+    rows = list(Device.objects.filter(lease=lease).values_list("pk", "vm_id", "vm__lease_id"))
+    used = sum(vm is not None and vm_lease == lease.pk for _pk, vm, vm_lease in rows)
+    if used > gpus:
+        raise Conflict(
+            f"lease {lease.name}: its VMs use {used} of its GPUs, more than {gpus}: delete, "
+            "stop or shelve some first",
+            code="in_use",
+            details={"gpus": [f"its VMs use {used}"]},
+        )
+    spare = sorted((vm is not None, pk) for pk, vm, vm_lease in rows if vm_lease != lease.pk)
+    going = [pk for _borrowed, pk in spare[: max(0, len(rows) - gpus)]]
+    if not going:
+        return
+    Device.objects.filter(pk__in=going).update(lease=None)
+    LeaseAllocation.objects.filter(lease=lease, device__in=going, starts_at__gte=now).delete()
+    LeaseAllocation.objects.filter(lease=lease, device__in=going).update(ends_at=now)
+    transaction.on_commit(placement.view.invalidate, robust=True)
+    transaction.on_commit(spot.index.invalidate, robust=True)  # borrowers are spot again
 
 
 def _latest_fit(asked: _Asked, start: datetime, end: datetime) -> datetime:
@@ -496,30 +624,9 @@ def _step(pk, action) -> int:
 def _prepare(lease: Lease, now: datetime) -> None:
     """Take hold of real GPUs for ``lease`` and give the spot VMs on them their notice."""
     guarantees._advisory_lock(f"kumo.guarantee.gpu.{lease.gpu_model}")
-    chosen = _choose_devices(lease)
-    _lock_hosts(host_id for _, host_id in chosen)
-    held = []
-    rows = Device.objects.select_for_update(of=("self",)).filter(
-        pk__in=[pk for pk, _ in chosen], lease__isnull=True
-    )
-    for device in rows.select_related("vm").order_by("pk"):
-        if device.vm is None or device.vm.priority == Priority.SPOT:
-            held.append(device)
-    try:
-        with transaction.atomic():
-            LeaseAllocation.objects.bulk_create(
-                LeaseAllocation(
-                    lease=lease, device=d, starts_at=lease.starts_at, ends_at=lease.ends_at
-                )
-                for d in held
-            )
-    except IntegrityError:
-        # Another lease took one of them over an overlapping period (the database's
-        # constraint said so): the next tick chooses again.
-        log.warning("lease %s: a chosen GPU was taken meanwhile; choosing again", lease.pk)
-        return
-    Device.objects.filter(pk__in=[d.pk for d in held]).update(lease=lease)
-    transaction.on_commit(placement.view.invalidate, robust=True)  # its GPUs are no one's
+    held = _hold(lease, _choose_devices(lease, lease.gpus, lease.starts_at), lease.starts_at)
+    if held is None:
+        return  # the next tick chooses again
     # Their notices end before the lease starts (``KUMO_LEASE_LEAD_S``).
     why = f"its GPUs are reserved from {lease.starts_at:%H:%M:%S}"
     noticed = _notify_spot([d.vm_id for d in held if d.vm_id is not None], now, why=why)
@@ -538,13 +645,41 @@ def _prepare(lease: Lease, now: datetime) -> None:
         _at_risk(lease, len(held))
 
 
-def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
-    """(device, host) pairs for ``lease``: GPUs of its model on hosts that are up, held by
-    no lease over an overlapping period and by no VM but a spot one; whole hosts first
-    (its VMs need whole cells), free GPUs before those spot VMs use. A lease of whole hosts
-    takes only hosts all of whose GPUs are such, every GPU of each."""
+def _hold(lease: Lease, chosen: list[tuple[int, int]], start: datetime) -> list[Device] | None:
+    """Take hold of the GPUs ``chosen`` (device, host) for ``lease`` over ``[start, its
+    end)``: those still free or used by spot VMs, their hosts locked first. Returns the
+    devices held (their spot VMs are the caller's to notice); None when another lease took
+    one of them over an overlapping period meanwhile (the database's constraint said so),
+    and then nothing is held."""
+    _lock_hosts(host_id for _, host_id in chosen)
+    held = []
+    rows = Device.objects.select_for_update(of=("self",)).filter(
+        pk__in=[pk for pk, _ in chosen], lease__isnull=True
+    )
+    for device in rows.select_related("vm").order_by("pk"):
+        if device.vm is None or device.vm.priority == Priority.SPOT:
+            held.append(device)
+    try:
+        with transaction.atomic():
+            LeaseAllocation.objects.bulk_create(
+                LeaseAllocation(lease=lease, device=d, starts_at=start, ends_at=lease.ends_at)
+                for d in held
+            )
+    except IntegrityError:
+        log.warning("lease %s: a chosen GPU was taken meanwhile", lease.pk)
+        return None
+    Device.objects.filter(pk__in=[d.pk for d in held]).update(lease=lease)
+    transaction.on_commit(placement.view.invalidate, robust=True)  # its GPUs are no one's
+    return held
+
+
+def _choose_devices(lease: Lease, count: int, start: datetime) -> list[tuple[int, int]]:
+    """(device, host) pairs of ``count`` GPUs for ``lease`` over ``[start, its end)``: GPUs
+    of its model on hosts that are up, held by no lease then and by no VM but a spot one;
+    whole hosts first (its VMs need whole cells), free GPUs before those spot VMs use. A
+    lease of whole hosts takes only hosts all of whose GPUs are such, every GPU of each."""
     overlapping = LeaseAllocation.objects.filter(
-        starts_at__lt=lease.ends_at, ends_at__gt=lease.starts_at
+        starts_at__lt=lease.ends_at, ends_at__gt=start
     ).values("device_id")
     rows = (
         Device.objects.filter(
@@ -574,7 +709,7 @@ def _choose_devices(lease: Lease) -> list[tuple[int, int]]:
         for pk, host_id, _vm, _cell, _pci in sorted(
             devices, key=lambda d: (d[2] is not None, d[3] or 0, d[4])
         ):
-            if len(chosen) == lease.gpus:
+            if len(chosen) == count:
                 return chosen
             chosen.append((pk, host_id))
     return chosen

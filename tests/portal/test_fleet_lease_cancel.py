@@ -51,9 +51,9 @@ def test_an_operator_changes_a_projects_lease_lending_from_the_calendar(
     assert "lend_idle" in bad.content.decode() and not Lease.objects.get(pk=lease.pk).lend_idle
 
 
-def test_an_operator_moves_the_end_of_a_projects_lease(login, project, cloud, staff):
+def test_an_operator_changes_a_projects_lease(login, project, cloud, staff):
     lease = reserve(project, 1, at(2), at(3), "soon")
-    moving = reverse("portal:fleet-lease-end", kwargs={"pk": lease.pk})
+    moving = reverse("portal:fleet-lease-change", kwargs={"pk": lease.pk})
     operator = login(staff)
     assert moving in operator.get(reverse("portal:fleet-leases")).content.decode()
     assert login(project.owner).post(moving, {"ends_at": local(at(5))}).status_code == 404
@@ -63,3 +63,6 @@ def test_an_operator_moves_the_end_of_a_projects_lease(login, project, cloud, st
     )
     assert Lease.objects.get(pk=lease.pk).ends_at == at(5)
     assert AuditEvent.objects.get(action="lease.update").actor_id == staff.pk
+    grown = operator.post(moving, {"ends_at": local(at(5)), "gpus": "3"}, follow=True)
+    assert f"Lease {project.slug}/soon holds 3 GPUs." in grown.content.decode()
+    assert Lease.objects.get(pk=lease.pk).gpus == 3

@@ -95,7 +95,7 @@ CASES = {
     ),
     "lease-cancel": ("post", _contract(compute_contracts.TestLeaseIsolation), {}),
     "lease-lending": ("post", _contract(compute_contracts.TestLeaseIsolation), {}),
-    "lease-end": ("post", _contract(compute_contracts.TestLeaseIsolation), {}),
+    "lease-change": ("post", _contract(compute_contracts.TestLeaseIsolation), {}),
     "member-role": ("post", _member, {}),
     "member-remove": ("post", _member, {}),
     "invitation-revoke": ("post", _contract(invitation_contracts.TestInvitationsIsolation), {}),

@@ -187,18 +187,20 @@ def test_an_admin_switches_lending_and_a_member_cannot(login, project, cloud):
     assert not Lease.objects.get(pk=lease.pk).lend_idle
 
 
-def test_an_admin_moves_the_end_and_sees_the_latest_end_that_fits(login, project, cloud):
+def test_an_admin_changes_the_end_and_the_size_and_sees_what_fits(login, project, cloud):
     lease = reserve(project, 6, at(2), at(3), "mine")
     reserve(make_project(), 4, at(5), at(6), "theirs")
-    moving = url("lease-end", project, pk=lease.pk)
+    moving = url("lease-change", project, pk=lease.pk)
     client = login(project.owner)
     page = client.get(url("leases", project)).content.decode()
     assert f'action="{moving}"' in page and f'value="{local(at(3))}"' in page
+    assert 'name="gpus" min="1" value="6"' in page
     member = login(cloud["users"][Role.MEMBER])
     assert member.post(moving, {"ends_at": local(at(4))}).status_code == 403
 
-    response = client.post(moving, {"ends_at": local(at(4))}, follow=True)
+    response = client.post(moving, {"ends_at": local(at(4)), "gpus": "6"}, follow=True)
     assert f"Lease mine ends at {at(4):%Y-%m-%d %H:%M} UTC." in response.content.decode()
+    assert "GPUs." not in response.content.decode()  # the size as it was: not asked for
     assert Lease.objects.get(pk=lease.pk).ends_at == at(4)
     event = AuditEvent.objects.for_project(project).get(action="lease.update")
     assert event.source == "portal" and event.detail["ends_at"] == at(4).isoformat()
@@ -208,6 +210,15 @@ def test_an_admin_moves_the_end_and_sees_the_latest_end_that_fits(login, project
     assert Lease.objects.get(pk=lease.pk).ends_at == at(4)
     bad = client.post(moving, {"ends_at": "tomorrow"}, follow=True).content.decode()
     assert "ends_at: a date and time, such as 2026-12-01 09:00" in bad
+    # The size: fewer is given back; more than fit names the most that do.
+    fewer = client.post(moving, {"ends_at": local(at(4)), "gpus": "2"}, follow=True)
+    assert "Lease mine holds 2 GPUs." in fewer.content.decode()
+    assert "ends at" not in fewer.content.decode()  # the end as it was: not asked for
+    more = client.post(moving, {"ends_at": local(at(4)), "gpus": "9"}, follow=True)
+    assert "it may hold 8 then" in more.content.decode()
+    assert Lease.objects.get(pk=lease.pk).gpus == 2
+    bad = client.post(moving, {"gpus": "zero"}, follow=True).content.decode()
+    assert "gpus: a whole number, 1 or more" in bad
 
 
 def test_a_vm_is_launched_in_a_lease(login, project, cloud):

@@ -251,6 +251,11 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     assert {x.name for x in calendar} == {"run", "then"}
     moved = staff.admin.leases.update(lease.id, ends_at=start + 2 * hour)
     assert moved.ends_at == start + 2 * hour
+    assert kumo.leases.update(lease.id, gpus=7).gpus == 7
+    with pytest.raises(InvalidInput) as bad:
+        kumo.leases.update(lease.id, gpus=0)
+    assert "gpus" in bad.value.details
+    assert kumo.leases.update(lease.id, gpus=6).gpus == 6
     # Operators change any project's lending; members cannot through the operators' path.
     assert not staff.admin.leases.update(lease.id, lend_idle=False).lend_idle
     assert staff.admin.leases.update(lease.id, lend_idle=True).lend_idle
@@ -271,6 +276,8 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     moved = logged_in("lease", "update", "later", "--extend", "2")
     assert f"Lease later ends at {ends + 2 * hour:%Y-%m-%d %H:%M} UTC." in moved.stderr
     assert kumo.leases.find("later").ends_at == ends + 2 * hour
+    grown = logged_in("lease", "update", "later", "--gpus", "1")
+    assert "Lease later holds 1 x A100-SXM4-40GB." in grown.stderr
     both = logged_in("lease", "update", "later", "--extend", "1", "--ends", "now", ok=False)
     assert both.exit_code != 0 and "--ends or --extend, not both" in both.stderr
     assert not kumo.leases.update(lease.id, lend_idle=False).lend_idle

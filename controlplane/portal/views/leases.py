@@ -1,8 +1,9 @@
 """Leases (``compute.services.leases``): a project's reservations of GPUs as a timeline
 over the coming days, reserving (admins: a lease is billed whether used or not; a lease
 the fleet cannot hold shows the earliest period that fits), cancelling, lending idle GPUs
-or keeping them, moving the end (later is admitted again; a refusal names the latest end
-that fits); and the operators' calendar of every project's leases over the next 30 days."""
+or keeping them, moving the end or changing the size (later or more is admitted again; a
+refusal names the latest end or the most GPUs that fit); and the operators' calendar of every
+project's leases over the next 30 days."""
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -183,31 +184,52 @@ def _lending(request, lease, name: str, back: str):
 
 @require_POST
 @project_page(write_role=Role.ADMIN)
-def lease_end(request, project, pk):
-    """End the lease at ``ends_at`` (the user's time zone) instead: later is admitted
-    again for the time it adds, earlier gives the time back."""
+def lease_change(request, project, pk):
+    """Move the lease's end (``ends_at``, the user's time zone) or change how many GPUs it
+    holds (``gpus``): later or more is admitted again, earlier or fewer gives back."""
     lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
-    return _end(request, lease, lease.name, reverse("portal:leases", kwargs={"slug": project.slug}))
+    back = reverse("portal:leases", kwargs={"slug": project.slug})
+    return _change(request, lease, lease.name, back)
 
 
-def _end(request, lease, name: str, back: str):
+def _minute(moment) -> str:
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M}"
+
+
+def _change(request, lease, name: str, back: str):
+    """The form beside each lease: its end and its GPUs as they are, changed or not. Only
+    what differs from the lease is asked for (the end to the minute the field shows)."""
+    said_end, said_gpus = request.POST.get("ends_at", ""), request.POST.get("gpus", "")
     try:
-        ends_at = forms.DateTimeField().clean(request.POST.get("ends_at", ""))
+        ends_at = forms.DateTimeField().clean(said_end) if said_end else None
     except ValidationError:
+        ends_at = False
+    try:
+        gpus = forms.IntegerField(min_value=1).clean(said_gpus) if said_gpus else None
+    except ValidationError:
+        gpus = False
+    if ends_at and _minute(ends_at) == _minute(lease.ends_at):
         ends_at = None
+    if gpus == lease.gpus:
+        gpus = None
 
-    def change(lease, ends_at):  # a bad value is refused, and audited, as ``act`` does
-        if ends_at is None:
+    def change(lease, ends_at, gpus):  # a bad value is refused, and audited, as ``act`` does
+        if ends_at is False:
             raise InvalidInput.field("ends_at", "a date and time, such as 2026-12-01 09:00")
-        services.lease_update(lease=lease, ends_at=ends_at)
+        if gpus is False:
+            raise InvalidInput.field("gpus", "a whole number, 1 or more")
+        services.lease_update(lease=lease, ends_at=ends_at, gpus=gpus)
 
-    shown = f"{timezone.localtime(ends_at):%Y-%m-%d %H:%M}" if ends_at else ""
-    done = _("Lease %(name)s ends at %(end)s %(zone)s.") % {
-        "name": name,
-        "end": shown,
-        "zone": timezone.get_current_timezone_name(),
-    }
-    return act(request, change, done=done, back=back, lease=lease, ends_at=ends_at)
+    done = []
+    if ends_at:
+        done.append(
+            _("Lease %(name)s ends at %(end)s %(zone)s.")
+            % {"name": name, "end": _minute(ends_at), "zone": timezone.get_current_timezone_name()}
+        )
+    if gpus:
+        done.append(_("Lease %(name)s holds %(gpus)s GPUs.") % {"name": name, "gpus": gpus})
+    done = " ".join(done) or _("Lease %(name)s is unchanged.") % {"name": name}
+    return act(request, change, done=done, back=back, lease=lease, ends_at=ends_at, gpus=gpus)
 
 
 @staff_page
@@ -256,16 +278,18 @@ def fleet_lease_cancel(request, pk):
 def fleet_lease_lending(request, pk):
     """An operator changes whether any project's lease lends its idle GPUs (as the API's
     operator endpoint does)."""
-    lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
-    name = f"{lease.project.slug}/{lease.name}"
-    return _lending(request, lease, name, reverse("portal:fleet-leases"))
+    return _lending(request, *_fleet_lease(pk))
 
 
 @require_POST
 @staff_page
-def fleet_lease_end(request, pk):
-    """An operator moves the end of any project's lease (as the API's operator endpoint
-    does)."""
+def fleet_lease_change(request, pk):
+    """An operator moves the end of any project's lease or changes its size (as the API's
+    operator endpoint does)."""
+    return _change(request, *_fleet_lease(pk))
+
+
+def _fleet_lease(pk) -> tuple[Lease, str, str]:
+    """Any project's lease, its name as the operators see it, and their calendar's URL."""
     lease = get_object_or_404(Lease.objects.select_related("project"), pk=pk)
-    name = f"{lease.project.slug}/{lease.name}"
-    return _end(request, lease, name, reverse("portal:fleet-leases"))
+    return lease, f"{lease.project.slug}/{lease.name}", reverse("portal:fleet-leases")

@@ -101,7 +101,7 @@ def lease_create(
 
 
 # ``kumo lease update`` and ``kumo admin lease-update``: whether a lease lends its idle GPUs,
-# and when it ends.
+# when it ends and how many GPUs it holds.
 LendIdle = Annotated[
     bool | None,
     typer.Option(
@@ -122,9 +122,19 @@ Extend = Annotated[
     str | None,
     typer.Option(help="Move its end by this many hours (negative: earlier), not --ends."),
 ]
+Gpus = Annotated[
+    int | None,
+    typer.Option(
+        help="Hold this many GPUs from now on: more are held at once if the fleet has them "
+        "(the answer names the most that fit otherwise); fewer let go of GPUs its VMs do "
+        "not use."
+    ),
+]
 
 
-def changes_said(lend_idle: bool | None, ends: str | None, extend: str | None, lease) -> dict:
+def changes_said(
+    lend_idle: bool | None, ends: str | None, extend: str | None, gpus: int | None, lease
+) -> dict:
     """The fields ``kumo lease update`` was told to change on ``lease`` (as the API has
     it now; read only for ``extend``); a usage error when it was told none, or both ways to
     move the end."""
@@ -137,9 +147,12 @@ def changes_said(lend_idle: bool | None, ends: str | None, extend: str | None, l
         fields["ends_at"] = _when(ends)
     if extend is not None:
         fields["ends_at"] = lease.ends_at + _hours(extend)
+    if gpus is not None:
+        fields["gpus"] = gpus
     if not fields:
         raise typer.BadParameter(
-            "say --lend-idle or --no-lend-idle, --ends or --extend", param_hint="lend_idle"
+            "say --lend-idle or --no-lend-idle, --ends or --extend, or --gpus",
+            param_hint="lend_idle",
         )
     return fields
 
@@ -156,6 +169,8 @@ def lease_changed(done, name: str, fields: dict, json: bool) -> None:
         )
     if "ends_at" in fields:
         output.note(f"Lease {name} ends at {done.ends_at:%Y-%m-%d %H:%M} UTC.")
+    if "gpus" in fields:
+        output.note(f"Lease {name} holds {_size(done)}.")
     return None
 
 
@@ -166,14 +181,15 @@ def lease_update(
     lend_idle: LendIdle = None,
     ends: Ends = None,
     extend: Extend = None,
+    gpus: Gpus = None,
     json: Json = False,
 ):
-    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs, and
-    when it ends."""
+    """Change a lease (project admins): whether it lends its idle GPUs to spot VMs, when it
+    ends, how many GPUs it holds."""
     with connect(ctx) as kumo:
         project = current_project(kumo)
         found = kumo.leases.find(name, project=project)
-        fields = changes_said(lend_idle, ends, extend, found)
+        fields = changes_said(lend_idle, ends, extend, gpus, found)
         done = kumo.leases.update(found.id, project=project, **fields)
     return lease_changed(done, done.name, fields, json)
 

@@ -123,7 +123,7 @@ class AdminVms(_Admin):
 class AdminLeases(_Admin):
     """Every project's leases (the fleet's calendar: ``ends_after``, ``starts_before``);
     ``cancel`` any, or ``update(id, lend_idle=False)`` whether it lends its idle GPUs and
-    ``update(id, ends_at=...)`` when it ends."""
+    ``update(id, ends_at=...)`` when it ends, ``update(id, gpus=n)`` its size."""
 
     path, type, find_by = "admin/leases/", Lease, None
     verbs = READ | {UPDATE}

@@ -1,23 +1,43 @@
-"""A lease's end, moved: later is admitted again for the time it adds (refused with the
-latest end that fits, under concurrency on PostgreSQL too), its GPUs and its bill follow it,
-and its project is told again before the new end; earlier gives the time back."""
+"""A lease changed. Its end moved: later is admitted again for the time it adds (refused
+with the latest end that fits, under concurrency on PostgreSQL too), its GPUs and its bill
+follow it, and its project is told again before the new end; earlier gives the time back.
+Its size: more is admitted over what is left of it (refused with the most that fits) and
+held at once, the spot VMs on the GPUs taken noticed; fewer lets go of GPUs its VMs do not
+use. Its bill follows from the change."""
+
+from contextlib import contextmanager
+from unittest import mock
 
 import pytest
 from django.utils import timezone
 
 from compute import services
-from compute.choices import LeaseState
+from compute.choices import LeaseState, Priority, VmState
 from compute.models import Device, Lease, LeaseAllocation
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import AuditEvent, Event
 from tenants.models import UsageRecord
 from tests.compute.test_guarantees import _race, roomy_project
 from tests.compute.test_leases import LEAD, _one_now, hour, reserve  # noqa: F401 (_one_now: autouse)
-from tests.factories import make_host
+from tests.compute.test_vms import fresh, report
+from tests.factories import make_host, make_template, make_vm
 
 
 def end(lease, at):
     return services.lease_update(lease=lease, ends_at=at)
+
+
+@contextmanager
+def clock(at):
+    """``timezone.now()`` answers ``at``: the test's leases start an hour from now."""
+    with mock.patch("django.utils.timezone.now", return_value=at):
+        yield
+
+
+def started(lease):
+    services.leases_tick(now=lease.starts_at - LEAD)
+    services.leases_tick(now=lease.starts_at)
+    return Lease.objects.get(pk=lease.pk)
 
 
 @pytest.mark.django_db
@@ -139,15 +159,21 @@ def test_an_ended_lease_keeps_its_end():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_an_extension_and_a_new_lease_racing_for_the_same_gpus_never_both_win():
+@pytest.mark.parametrize("change, promised", [("end", 6), ("gpus", 8)])
+def test_a_change_and_new_leases_racing_for_the_same_gpus_never_both_win(change, promised):
     make_host("gpu-a")  # 8 GPUs
     projects = [roomy_project() for _ in range(4)]
-    leases = [reserve(projects[0], 6, hour(1), hour(2), name="long")]
     start, until = hour(2), hour(3)
+    if change == "end":  # 6 GPUs, to end an hour later
+        lease = reserve(projects[0], 6, hour(1), start, name="long")
+        asked = {"ends_at": until}
+    else:  # 2 GPUs, to hold all 8
+        lease = reserve(projects[0], 2, start, until, name="long")
+        asked = {"gpus": 8}
 
     def work(index):
         if index == 0:
-            end(leases[0], until)
+            services.lease_update(lease=lease, **asked)
         else:
             reserve(projects[index], 6, start, until, name=f"new{index}")
         return "ok"
@@ -155,10 +181,93 @@ def test_an_extension_and_a_new_lease_racing_for_the_same_gpus_never_both_win():
     results, errors = _race(4, work)
     assert errors == []
     assert results.count("ok") == 1 and results.count("no_capacity") == 3
-    # Over [2 h, 3 h) six GPUs are promised, by the extension or by one new lease.
-    promised = sum(
-        lease.gpus
-        for lease in Lease.objects.filter(state=LeaseState.SCHEDULED)
-        if lease.starts_at < until and lease.ends_at > start
+    # Over [2 h, 3 h) the change or one new lease won, never both: the fleet holds it.
+    overlapping = Lease.objects.filter(starts_at__lt=until, ends_at__gt=start)
+    assert sum(overlapping.values_list("gpus", flat=True)) == promised
+
+
+@pytest.mark.django_db
+def test_an_active_lease_grows_at_once_noticing_spot_vms_and_billed_from_then(sent):
+    make_host("gpu-a")
+    make_host("gpu-b")  # 16 GPUs
+    mine, other = roomy_project(), roomy_project()
+    lease = started(reserve(mine, 4, hour(1), hour(5)))
+    borrower = make_vm(other, template=make_template(gpus=8), priority=Priority.SPOT)
+    report(fresh(borrower), "running")  # on the host the lease left whole
+
+    with clock(hour(2)):
+        lease = services.lease_update(lease=lease, gpus=12)
+    assert (lease.gpus, lease.state, lease.state_reason) == (12, LeaseState.ACTIVE, "")
+    assert Device.objects.filter(lease=lease).count() == 12
+    spans = sorted(LeaseAllocation.objects.filter(lease=lease).values_list("starts_at", flat=True))
+    assert spans == [hour(1)] * 4 + [hour(2)] * 8  # the added GPUs are held from the change
+    assert fresh(borrower).state == VmState.EVICTING  # its full notice, as at a preparation
+    bills = UsageRecord.objects.filter(subject_type="compute.lease", subject_id=str(lease.pk))
+    assert sorted(bills.values_list("quantity", "started_at", "ended_at")) == [
+        (4, hour(1), hour(2)),
+        (12, hour(2), None),
+    ]
+    audit = AuditEvent.objects.get(action="lease.update", object_id=str(lease.pk))
+    assert audit.detail == {"gpus": 12, "previous_gpus": 4, "spot_noticed": 1}
+    assert Event.objects.get(kind="lease.updated").payload["gpus"] == 12
+
+
+@pytest.mark.django_db
+def test_more_gpus_than_fit_are_refused_with_the_most_that_do():
+    make_host("gpu-a")  # 8 GPUs
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 4, hour(1), hour(3))
+    reserve(other, 2, hour(2), hour(4), name="theirs")
+    with pytest.raises(Conflict) as refused:
+        services.lease_update(lease=lease, gpus=8)
+    assert refused.value.code == "no_capacity"
+    assert refused.value.details == {"gpus": ["more than the fleet can reserve then (at most 6)"]}
+    assert Lease.objects.get(pk=lease.pk).gpus == 4
+    assert services.lease_update(lease=lease, gpus=6).gpus == 6
+    assert not LeaseAllocation.objects.exists()  # scheduled: it takes hold at its lead
+
+
+@pytest.mark.django_db
+def test_an_active_lease_shrinks_letting_go_of_gpus_its_vms_do_not_use(sent):
+    make_host("gpu-a")  # 8 GPUs
+    mine, other = roomy_project(), roomy_project()
+    t4 = make_template(gpus=4)
+    lease = started(reserve(mine, 8, hour(1), hour(5)))
+    worker = make_vm(mine, template=t4, lease=lease)
+    assert worker.state == VmState.PROVISIONING
+    with clock(hour(2)), pytest.raises(Conflict) as refused:
+        services.lease_update(lease=lease, gpus=2)
+    assert refused.value.code == "in_use" and refused.value.details == {"gpus": ["its VMs use 4"]}
+
+    with clock(hour(2)):
+        lease = services.lease_update(lease=lease, gpus=4)
+    held = Device.objects.filter(lease=lease)
+    assert held.count() == 4 and set(held.values_list("vm", flat=True)) == {worker.pk}
+    cut = LeaseAllocation.objects.filter(lease=lease, ends_at=hour(2))
+    assert cut.count() == 4  # the GPUs let go were its until the change
+    bills = UsageRecord.objects.filter(subject_type="compute.lease", subject_id=str(lease.pk))
+    assert sorted(bills.values_list("quantity", "ended_at")) == [(4, None), (8, hour(2))]
+    # Another project's on-demand VM takes the GPUs given back.
+    assert make_vm(other, template=t4).state == VmState.PROVISIONING
+    # Its end moved later, the GPUs it let go of stay let go.
+    with clock(hour(2)):
+        end(lease, hour(6))
+    spans = LeaseAllocation.objects.filter(lease=lease).values_list("ends_at", flat=True)
+    assert sorted(spans) == [hour(2)] * 4 + [hour(6)] * 4
+
+
+@pytest.mark.django_db
+def test_a_bad_size_names_the_field():
+    make_host("gpu-a")
+    project = roomy_project()
+    whole = services.lease_create(
+        project=project, name="node", hosts=1, starts_at=hour(1), ends_at=hour(2)
     )
-    assert promised == 6
+    with pytest.raises(InvalidInput) as bad:
+        services.lease_update(lease=whole, gpus=4)
+    assert "whole hosts" in bad.value.details["gpus"][0]
+    services.lease_cancel(lease=whole)
+    lease = reserve(project, 4, hour(1), hour(2))
+    with pytest.raises(InvalidInput) as bad:
+        services.lease_update(lease=lease, gpus=0)
+    assert bad.value.details["gpus"] == ["must be 1 or more"]
