@@ -410,13 +410,16 @@ def gpus_per_host(model: str) -> int | None:
 
 
 def hosts_taken(
-    model: str, per_host: int, start: datetime, end: datetime | None
+    model: str, per_host: int, start: datetime, end: datetime | None, *, exclude=None
 ) -> tuple[int, bool]:
-    """The most hosts of ``model`` that leases take at one instant of ``[start, end)``
-    (``end`` None: from ``start`` on), and whether a lease of whole hosts is among them."""
+    """The most hosts of ``model`` that leases (but ``exclude``) take at one instant of
+    ``[start, end)`` (``end`` None: from ``start`` on), and whether a lease of whole hosts
+    is among them."""
     rows = Lease.objects.filter(gpu_model=model, state__in=leases.HOLDING, ends_at__gt=start)
     if end is not None:
         rows = rows.filter(starts_at__lt=end)
+    if exclude is not None:
+        rows = rows.exclude(pk=exclude.pk)
     rows = rows.values_list("starts_at", "ends_at", "gpus", "hosts")
     intervals, whole = [], False
     for s, e, gpus, hosts in rows.order_by():

@@ -13,10 +13,15 @@ def placement_refusal(vm: VirtualMachine) -> str:
     """Why ``vm`` (in a lease) cannot be placed now; empty when its lease is active."""
     lease = Lease.objects.get(pk=vm.lease_id)  # as it is now, not as the VM was loaded
     if lease.state in (LeaseState.SCHEDULED, LeaseState.PREPARING):
-        return f"waits for its lease {lease.name} to start at {lease.starts_at.isoformat()}"
+        return waiting_for(lease)
     if lease.state != LeaseState.ACTIVE:
         return f"its lease {lease.name} is {lease.state}"
     return ""
+
+
+def waiting_for(lease: Lease) -> str:
+    """The reason of a VM that waits for ``lease`` to start."""
+    return f"waits for its lease {lease.name} to start at {lease.starts_at.isoformat()}"
 
 
 def check_vm_lease(*, project, lease: Lease | None, template, priority: str) -> None:

@@ -354,6 +354,12 @@ class LeaseUpdateSerializer(serializers.Serializer):
         help_text="lend its idle GPUs to spot VMs while it is active; false gives the spot "
         "VMs borrowing them their eviction notice now",
     )
+    starts_at = serializers.DateTimeField(
+        required=False,
+        help_text="start it then instead, while it holds no GPUs yet (409 lease_started "
+        "after): admitted again over its new period (409 with the earliest that fits); its "
+        "end stays unless ends_at moves it too",
+    )
     ends_at = serializers.DateTimeField(
         required=False,
         help_text="end it then instead (in the future): later is admitted again for the time "

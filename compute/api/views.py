@@ -443,8 +443,8 @@ class LeaseViewSet(
     def partial_update(self, request, *args, **kwargs):
         """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
         notice now); end it later (admitted again for the added time: 409 with
-        ``details.latest_ends_at`` when it does not fit) or earlier; hold more GPUs or
-        fewer; 409 once it has ended."""
+        ``details.latest_ends_at`` when it does not fit) or earlier; move its start before
+        it holds GPUs; hold more GPUs or fewer; 409 once it has ended."""
         return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)
@@ -458,8 +458,8 @@ class LeaseViewSet(
 
 
 def _lease_updated(view, request):
-    """A PATCH of a lease (``lend_idle``, ``ends_at``, ``gpus``), by its project's admins or
-    by operators. A PATCH naming nothing changes nothing."""
+    """A PATCH of a lease (``lend_idle``, ``starts_at``, ``ends_at``, ``gpus``), by its
+    project's admins or by operators. A PATCH naming nothing changes nothing."""
     data = s.LeaseUpdateSerializer(data=request.data)
     data.is_valid(raise_exception=True)
     lease = view.get_object()
@@ -652,7 +652,7 @@ class OperatorCapacityGuaranteeViewSet(
 class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OperatorViewSet):
     """Every project's leases: the fleet's calendar (``ends_after`` and ``starts_before``
     select a window); operators cancel any, change whether it lends its idle GPUs, move its
-    end and change its size."""
+    period and change its size."""
 
     queryset = Lease.objects.select_related("project", "created_by")
     serializer_class = s.LeaseSerializer
@@ -664,8 +664,8 @@ class OperatorLeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Ope
     def partial_update(self, request, pk=None):
         """Lend its idle GPUs to spot VMs, or stop (the borrowers get their eviction
         notice now); end it later (admitted again for the added time: 409 with
-        ``details.latest_ends_at`` when it does not fit) or earlier; hold more GPUs or
-        fewer; 409 once it has ended."""
+        ``details.latest_ends_at`` when it does not fit) or earlier; move its start before
+        it holds GPUs; hold more GPUs or fewer; 409 once it has ended."""
         return _lease_updated(self, request)
 
     @extend_schema(request=None, responses=s.LeaseSerializer)

@@ -38,6 +38,8 @@ What a lease holds, and when:
 - **Ended** (at its end, or when cancelled): its running VMs are shelved (their disks are
   kept; unshelved later they are ordinary requests), the ones still waiting become
   ordinary requests, its GPUs are let go and its bill stops.
+- **Its start moved** (``lease_update``), while it is scheduled: admitted again over its new
+  period as a new lease would be, itself set aside.
 - **Its end moved** (``lease_update``), at any time before it has ended: later, the time it
   adds is admitted as a new lease over ``[old end, new end)`` would be (409 with the latest
   end that fits); earlier, the time it cuts is given back. The GPUs it holds and its bill
@@ -64,7 +66,7 @@ from django.utils import timezone
 
 from compute import guarantees, placement
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState, VmTask
-from compute.leases import HOLDING
+from compute.leases import HOLDING, waiting_for
 from compute.models import Device, Host, Lease, LeaseAllocation, VirtualMachine
 from controlplane import audit, events
 from controlplane.errors import Conflict, InvalidInput, PermissionDenied
@@ -81,8 +83,8 @@ def _lead() -> timedelta:
 # --- admission --------------------------------------------------------------------------------
 
 
-def _fits(model: str, gpus: int, start: datetime, end: datetime, *, fleet: int, base: int):
-    return base + guarantees.leased_peak(model, start, end) + gpus <= fleet
+def _fits(model: str, gpus: int, start: datetime, end: datetime, *, fleet, base, exclude=None):
+    return base + guarantees.leased_peak(model, start, end, exclude=exclude) + gpus <= fleet
 
 
 def earliest_fit(model: str, start: datetime, end: datetime, fits) -> datetime | None:
@@ -132,10 +134,14 @@ class _Hosts:
             pinned=guarantees.hosts_pinned(model, per_host),
         )
 
-    def free(self, model: str, start: datetime, end: datetime, *, whole: bool) -> int | None:
+    def free(
+        self, model: str, start: datetime, end: datetime, *, whole: bool, exclude=None
+    ) -> int | None:
         """Hosts no one takes at any instant of ``[start, end)``; None when no lease of
         whole hosts is in question (``whole``: the one asked for is)."""
-        taken, overlapping = guarantees.hosts_taken(model, self.per_host, start, end)
+        taken, overlapping = guarantees.hosts_taken(
+            model, self.per_host, start, end, exclude=exclude
+        )
         if not (whole or overlapping):
             return None
         return self.total - self.pinned - taken
@@ -238,7 +244,8 @@ def lease_create(
 
 @dataclass(frozen=True)
 class _Asked:
-    """A lease asked for, and what its admission weighs."""
+    """A lease asked for, and what its admission weighs (``exclude``: a lease moved, set
+    aside while its new period is weighed)."""
 
     model: str
     gpus: int
@@ -246,17 +253,20 @@ class _Asked:
     fleet: int
     base: int
     whole: _Hosts | None
+    exclude: Lease | None = None
 
     def hosts_free(self, start: datetime, end: datetime) -> int | None:
         if self.whole is None:
             return None
-        return self.whole.free(self.model, start, end, whole=self.hosts is not None)
+        whole = self.hosts is not None
+        return self.whole.free(self.model, start, end, whole=whole, exclude=self.exclude)
 
     def hosts_needed(self) -> int:
         return self.hosts or -(-self.gpus // self.whole.per_host)
 
     def fits(self, start: datetime, end: datetime) -> bool:
-        if not _fits(self.model, self.gpus, start, end, fleet=self.fleet, base=self.base):
+        counted = {"fleet": self.fleet, "base": self.base, "exclude": self.exclude}
+        if not _fits(self.model, self.gpus, start, end, **counted):
             return False
         free = self.hosts_free(start, end)
         return free is None or self.hosts_needed() <= free
@@ -264,7 +274,7 @@ class _Asked:
     def shortfall(self, start: datetime, end: datetime) -> tuple[str, str, str]:
         """Why it does not fit over ``[start, end)``: a sentence, the field it is about
         (``gpus`` or ``hosts``) and that field's reason."""
-        busy = guarantees.leased_peak(self.model, start, end)
+        busy = guarantees.leased_peak(self.model, start, end, exclude=self.exclude)
         free = self.fleet - self.base - busy
         if free < self.gpus:
             message = (
@@ -328,12 +338,13 @@ def lease_update(
     *,
     lease: Lease,
     lend_idle: bool | None = None,
+    starts_at: datetime | None = None,
     ends_at: datetime | None = None,
     gpus: int | None = None,
 ) -> Lease:
-    """Change whether ``lease`` lends its idle GPUs (``lend_idle``), when it ends
-    (``ends_at``), how many GPUs it holds (``gpus``), or several, in one transaction; None
-    leaves a value as it is.
+    """Change whether ``lease`` lends its idle GPUs (``lend_idle``), when it starts
+    (``starts_at``) and ends (``ends_at``), how many GPUs it holds (``gpus``), or several, in
+    one transaction; None leaves a value as it is.
 
     Lending: stopping gives the spot VMs borrowing its GPUs their eviction notice now, so
     the GPUs are idle again once it is over and the lease's VMs start at once from then; a
@@ -346,12 +357,17 @@ def lease_update(
     (still in the future), it gives back the time it cut, and its bill stops then. Either
     way its project is told before the new end (``lease.ending``), as before the old.
 
+    The start, of a lease that holds no GPUs yet (scheduled; 409 ``lease_started`` after):
+    the lease is admitted again over its new period as a new lease would be, itself set
+    aside (409 with the earliest period that fits); the VMs waiting in it wait on.
+
     Its size (a lease of GPUs; whole hosts keep theirs): more GPUs are admitted as a new
     lease of the GPUs added over what is left of it would be (409 with the most that fit);
     one that holds GPUs already takes hold of the added ones at once (the spot VMs on them
     get their notice). Fewer: the GPUs its VMs do not use go back at once (409 when its VMs
-    use more than that). Its bill follows from now. Shrinking is done before the end
-    moves, growing after, so each is admitted over the period it will hold.
+    use more than that, or one of them needs more). Its bill follows from now. Shrinking
+    is done before the period moves, growing after, so each is admitted over the period it
+    will hold.
 
     A lease that has ended is refused (409); the same values again change nothing and
     record nothing."""
@@ -367,7 +383,9 @@ def lease_update(
         resize = gpus is not None and gpus != lease.gpus
         if resize and gpus < lease.gpus:
             changed |= _resize(lease, gpus)
-        if ends_at is not None and ends_at != lease.ends_at:
+        if starts_at is not None and starts_at != lease.starts_at:
+            changed |= _move_start(lease, starts_at, ends_at or lease.ends_at)
+        elif ends_at is not None and ends_at != lease.ends_at:
             changed |= _move_end(lease, ends_at)
         if resize and gpus > lease.gpus:
             changed |= _resize(lease, gpus)
@@ -421,6 +439,58 @@ def _move_end(lease: Lease, ends_at: datetime) -> dict:
     return {"ends_at": ends_at.isoformat(), "previous_ends_at": before.isoformat()}
 
 
+def _move_start(lease: Lease, starts_at: datetime, ends_at: datetime) -> dict:
+    """Move ``lease`` (its row locked), which holds no GPUs yet, to ``[starts_at, ends_at)``,
+    admitted again as a new lease there would be."""
+    if lease.state != LeaseState.SCHEDULED:
+        raise Conflict(
+            f"lease {lease.name} is {lease.state}: it holds its GPUs from "
+            f"{lease.starts_at.isoformat()}, and that start stays",
+            code="lease_started",
+            details={"starts_at": [f"the lease is {lease.state}"]},
+        )
+    now = timezone.now()
+    if starts_at < now - timedelta(minutes=5):
+        raise InvalidInput.field("starts_at", "must not be in the past")
+    starts_at = max(starts_at, now)
+    if ends_at <= starts_at:
+        raise InvalidInput.field("ends_at", "must be after starts_at")
+    if ends_at - starts_at > timedelta(days=settings.LEASE_MAX_DAYS):
+        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
+    model = lease.gpu_model
+    guarantees._advisory_lock(guarantees._SET_LOCK)
+    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
+    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
+    base, whole = guarantees.committed(model), _Hosts.read(model)
+    asked = _Asked(model, lease.gpus, lease.hosts, fleet, base, whole, exclude=lease)
+    if not asked.fits(starts_at, ends_at):
+        asked.refuse(starts_at, ends_at)
+    before = (lease.starts_at, lease.ends_at)
+    lease.starts_at, lease.ends_at, lease.end_notice_at = starts_at, ends_at, None
+    lease.save(update_fields=["starts_at", "ends_at", "end_notice_at"])
+    waiting = VirtualMachine.objects.filter(lease=lease, state=VmState.PENDING)
+    waiting.update(state_reason=waiting_for(lease))  # the start they wait for
+    events.emit(
+        "lease.updated",
+        project=lease.project,
+        obj=lease,
+        message=f"lease {lease.name} now runs from {starts_at.isoformat()} to "
+        f"{ends_at.isoformat()} (it ran from {before[0].isoformat()} to {before[1].isoformat()})",
+        payload={
+            "lease": lease.pk,
+            "starts_at": starts_at.isoformat(),
+            "ends_at": ends_at.isoformat(),
+            "was": [before[0].isoformat(), before[1].isoformat()],
+        },
+    )
+    return {
+        "starts_at": starts_at.isoformat(),
+        "ends_at": ends_at.isoformat(),
+        "previous_starts_at": before[0].isoformat(),
+        "previous_ends_at": before[1].isoformat(),
+    }
+
+
 def _admit_extension(lease: Lease, start: datetime, end: datetime) -> None:
     """Admit ``lease``'s GPUs over ``[start, end)`` (its old end to its new one) as a new
     lease of its size there would be, under the same locks; 409 with the latest end that
@@ -456,6 +526,14 @@ def _resize(lease: Lease, gpus: int) -> dict:
         raise InvalidInput.field("gpus", "must be 1 or more")
     now = timezone.now()
     start, before = max(lease.starts_at, now), lease.gpus
+    in_it = VirtualMachine.objects.filter(lease=lease).exclude(state=VmState.DELETED)
+    largest = max(in_it.values_list("gpus", flat=True), default=0)
+    if largest > gpus:  # it could never be placed in the lease
+        raise Conflict(
+            f"lease {lease.name}: a VM in it needs {largest} GPUs, more than {gpus}",
+            code="in_use",
+            details={"gpus": [f"a VM in it needs {largest}"]},
+        )
     holding = lease.state in (LeaseState.PREPARING, LeaseState.ACTIVE)
     noticed = 0
     if gpus > before:

@@ -1,9 +1,10 @@
-"""A lease changed. Its end moved: later is admitted again for the time it adds (refused
-with the latest end that fits, under concurrency on PostgreSQL too), its GPUs and its bill
-follow it, and its project is told again before the new end; earlier gives the time back.
-Its size: more is admitted over what is left of it (refused with the most that fits) and
-held at once, the spot VMs on the GPUs taken noticed; fewer lets go of GPUs its VMs do not
-use. Its bill follows from the change."""
+"""A lease changed. Its start moved, before it holds GPUs: admitted again over the new
+period with itself set aside, its waiting VMs waiting on. Its end moved: later is admitted
+again for the time it adds (refused with the latest end that fits, under concurrency on
+PostgreSQL too), its GPUs and its bill follow it, and its project is told again before the
+new end; earlier gives the time back. Its size: more is admitted over what is left of it
+(refused with the most that fits) and held at once, the spot VMs on the GPUs taken noticed;
+fewer lets go of GPUs its VMs do not use. Its bill follows from the change."""
 
 from contextlib import contextmanager
 from unittest import mock
@@ -231,18 +232,19 @@ def test_more_gpus_than_fit_are_refused_with_the_most_that_do():
 def test_an_active_lease_shrinks_letting_go_of_gpus_its_vms_do_not_use(sent):
     make_host("gpu-a")  # 8 GPUs
     mine, other = roomy_project(), roomy_project()
-    t4 = make_template(gpus=4)
+    t2, t4 = make_template(gpus=2), make_template(gpus=4)
     lease = started(reserve(mine, 8, hour(1), hour(5)))
-    worker = make_vm(mine, template=t4, lease=lease)
-    assert worker.state == VmState.PROVISIONING
+    workers = [make_vm(mine, template=t2, lease=lease) for _ in range(2)]
+    assert {w.state for w in workers} == {VmState.PROVISIONING}
     with clock(hour(2)), pytest.raises(Conflict) as refused:
-        services.lease_update(lease=lease, gpus=2)
+        services.lease_update(lease=lease, gpus=3)
     assert refused.value.code == "in_use" and refused.value.details == {"gpus": ["its VMs use 4"]}
 
     with clock(hour(2)):
         lease = services.lease_update(lease=lease, gpus=4)
     held = Device.objects.filter(lease=lease)
-    assert held.count() == 4 and set(held.values_list("vm", flat=True)) == {worker.pk}
+    assert held.count() == 4
+    assert set(held.values_list("vm", flat=True)) == {w.pk for w in workers}
     cut = LeaseAllocation.objects.filter(lease=lease, ends_at=hour(2))
     assert cut.count() == 4  # the GPUs let go were its until the change
     bills = UsageRecord.objects.filter(subject_type="compute.lease", subject_id=str(lease.pk))
@@ -271,3 +273,46 @@ def test_a_bad_size_names_the_field():
     with pytest.raises(InvalidInput) as bad:
         services.lease_update(lease=lease, gpus=0)
     assert bad.value.details["gpus"] == ["must be 1 or more"]
+
+
+@pytest.mark.django_db
+def test_a_scheduled_lease_moves_with_its_waiting_vms_and_a_started_one_keeps_its_start(sent):
+    make_host("gpu-a")  # 8 GPUs
+    mine, other = roomy_project(), roomy_project()
+    lease = reserve(mine, 6, hour(1), hour(3))
+    worker = make_vm(mine, template=make_template(gpus=4), lease=lease)
+    assert worker.state == VmState.PENDING  # waits for its lease's start
+    reserve(other, 4, hour(5), hour(7), name="theirs")
+    # Onto the other lease: refused with the earliest period that fits.
+    with pytest.raises(Conflict) as refused:
+        services.lease_update(lease=lease, starts_at=hour(4), ends_at=hour(6))
+    assert refused.value.details["earliest_starts_at"] == [hour(7).isoformat()]
+    # Half an hour later, over its own old period: it is set aside, so it fits.
+    lease = services.lease_update(lease=lease, starts_at=hour(1.5), ends_at=hour(3.5))
+    assert (lease.starts_at, lease.ends_at, lease.state) == (
+        hour(1.5),
+        hour(3.5),
+        LeaseState.SCHEDULED,
+    )
+    audit = AuditEvent.objects.get(action="lease.update", object_id=str(lease.pk))
+    assert audit.detail["previous_starts_at"] == hour(1).isoformat()
+    assert audit.detail["starts_at"] == hour(1.5).isoformat()
+    assert fresh(worker).lease_id == lease.pk and fresh(worker).state == VmState.PENDING
+    assert hour(1.5).isoformat() in fresh(worker).state_reason  # the start it waits for
+    with pytest.raises(Conflict) as too_small:  # the waiting VM would never fit
+        services.lease_update(lease=lease, gpus=2)
+    assert too_small.value.details == {"gpus": ["a VM in it needs 4"]}
+    # Its start alone: its end stays.
+    lease = services.lease_update(lease=lease, starts_at=hour(2))
+    assert (lease.starts_at, lease.ends_at) == (hour(2), hour(3.5))
+    # It takes hold of its GPUs at the lead before the new start, and then its start stays.
+    assert services.leases_tick(now=hour(1) - LEAD)["prepared"] == 0
+    assert services.leases_tick(now=hour(2) - LEAD)["prepared"] == 1
+    with pytest.raises(Conflict) as started:
+        services.lease_update(lease=lease, starts_at=hour(2.5))
+    assert started.value.code == "lease_started"
+    with pytest.raises(InvalidInput) as bad:
+        services.lease_update(
+            lease=reserve(mine, 1, hour(8), hour(9), name="x"), starts_at=hour(-1)
+        )
+    assert bad.value.details["starts_at"] == ["must not be in the past"]

@@ -195,6 +195,7 @@ def test_an_admin_changes_the_end_and_the_size_and_sees_what_fits(login, project
     page = client.get(url("leases", project)).content.decode()
     assert f'action="{moving}"' in page and f'value="{local(at(3))}"' in page
     assert 'name="gpus" min="1" value="6"' in page
+    assert f'name="starts_at" value="{local(at(2))}"' in page  # scheduled: its start moves
     member = login(cloud["users"][Role.MEMBER])
     assert member.post(moving, {"ends_at": local(at(4))}).status_code == 403
 
@@ -219,6 +220,11 @@ def test_an_admin_changes_the_end_and_the_size_and_sees_what_fits(login, project
     assert Lease.objects.get(pk=lease.pk).gpus == 2
     bad = client.post(moving, {"gpus": "zero"}, follow=True).content.decode()
     assert "gpus: a whole number, 1 or more" in bad
+    later = {"starts_at": local(at(2.5)), "ends_at": local(at(4)), "gpus": "2"}
+    moved = client.post(moving, later, follow=True).content.decode()
+    expected = f"Lease mine runs from {at(2.5):%Y-%m-%d %H:%M} to {at(4):%Y-%m-%d %H:%M} UTC."
+    assert expected in moved
+    assert Lease.objects.get(pk=lease.pk).starts_at == at(2.5)
 
 
 def test_a_vm_is_launched_in_a_lease(login, project, cloud):

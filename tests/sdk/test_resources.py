@@ -276,6 +276,13 @@ def test_leases_from_the_sdk_and_the_cli(staff, kumo, project, logged_in):
     moved = logged_in("lease", "update", "later", "--extend", "2")
     assert f"Lease later ends at {ends + 2 * hour:%Y-%m-%d %H:%M} UTC." in moved.stderr
     assert kumo.leases.find("later").ends_at == ends + 2 * hour
+    later = kumo.leases.find("later")
+    soon = (later.starts_at + 0.5 * hour).isoformat()
+    moved = logged_in("lease", "update", "later", "--start", soon)
+    after = kumo.leases.find("later")
+    assert after.starts_at == later.starts_at + 0.5 * hour  # it keeps its length
+    assert after.ends_at == later.ends_at + 0.5 * hour
+    assert f"Lease later runs from {after.starts_at:%Y-%m-%d %H:%M}" in moved.stderr
     grown = logged_in("lease", "update", "later", "--gpus", "1")
     assert "Lease later holds 1 x A100-SXM4-40GB." in grown.stderr
     both = logged_in("lease", "update", "later", "--extend", "1", "--ends", "now", ok=False)

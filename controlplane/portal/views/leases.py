@@ -185,8 +185,9 @@ def _lending(request, lease, name: str, back: str):
 @require_POST
 @project_page(write_role=Role.ADMIN)
 def lease_change(request, project, pk):
-    """Move the lease's end (``ends_at``, the user's time zone) or change how many GPUs it
-    holds (``gpus``): later or more is admitted again, earlier or fewer gives back."""
+    """Move the lease's end (``ends_at``, the user's time zone), its start before it holds
+    GPUs (``starts_at``) or change how many GPUs it holds (``gpus``): later or more is
+    admitted again, earlier or fewer gives back."""
     lease = get_object_or_404(Lease.objects.for_project(project), pk=pk)
     back = reverse("portal:leases", kwargs={"slug": project.slug})
     return _change(request, lease, lease.name, back)
@@ -196,40 +197,56 @@ def _minute(moment) -> str:
     return f"{timezone.localtime(moment):%Y-%m-%d %H:%M}"
 
 
+def _said(request, name: str, field):
+    """The form's ``name`` as ``field`` reads it: None when empty, False when unreadable."""
+    value = request.POST.get(name, "")
+    try:
+        return field.clean(value) if value else None
+    except ValidationError:
+        return False
+
+
 def _change(request, lease, name: str, back: str):
-    """The form beside each lease: its end and its GPUs as they are, changed or not. Only
-    what differs from the lease is asked for (the end to the minute the field shows)."""
-    said_end, said_gpus = request.POST.get("ends_at", ""), request.POST.get("gpus", "")
-    try:
-        ends_at = forms.DateTimeField().clean(said_end) if said_end else None
-    except ValidationError:
-        ends_at = False
-    try:
-        gpus = forms.IntegerField(min_value=1).clean(said_gpus) if said_gpus else None
-    except ValidationError:
-        gpus = False
+    """The form beside each lease: its start (while it holds no GPUs), its end and its GPUs
+    as they are, changed or not. Only what differs from the lease is asked for (a time to
+    the minute the field shows)."""
+    starts_at = _said(request, "starts_at", forms.DateTimeField())
+    ends_at = _said(request, "ends_at", forms.DateTimeField())
+    gpus = _said(request, "gpus", forms.IntegerField(min_value=1))
+    if starts_at and _minute(starts_at) == _minute(lease.starts_at):
+        starts_at = None
     if ends_at and _minute(ends_at) == _minute(lease.ends_at):
         ends_at = None
     if gpus == lease.gpus:
         gpus = None
 
-    def change(lease, ends_at, gpus):  # a bad value is refused, and audited, as ``act`` does
+    def change(lease, starts_at, ends_at, gpus):  # a bad value is refused, and audited
+        if starts_at is False:
+            raise InvalidInput.field("starts_at", "a date and time, such as 2026-12-01 09:00")
         if ends_at is False:
             raise InvalidInput.field("ends_at", "a date and time, such as 2026-12-01 09:00")
         if gpus is False:
             raise InvalidInput.field("gpus", "a whole number, 1 or more")
-        services.lease_update(lease=lease, ends_at=ends_at, gpus=gpus)
+        services.lease_update(lease=lease, starts_at=starts_at, ends_at=ends_at, gpus=gpus)
 
     done = []
-    if ends_at:
+    zone = timezone.get_current_timezone_name()
+    if starts_at:
+        end = _minute(ends_at or lease.ends_at)
+        done.append(
+            _("Lease %(name)s runs from %(start)s to %(end)s %(zone)s.")
+            % {"name": name, "start": _minute(starts_at), "end": end, "zone": zone}
+        )
+    elif ends_at:
         done.append(
             _("Lease %(name)s ends at %(end)s %(zone)s.")
-            % {"name": name, "end": _minute(ends_at), "zone": timezone.get_current_timezone_name()}
+            % {"name": name, "end": _minute(ends_at), "zone": zone}
         )
     if gpus:
         done.append(_("Lease %(name)s holds %(gpus)s GPUs.") % {"name": name, "gpus": gpus})
     done = " ".join(done) or _("Lease %(name)s is unchanged.") % {"name": name}
-    return act(request, change, done=done, back=back, lease=lease, ends_at=ends_at, gpus=gpus)
+    asked = {"starts_at": starts_at, "ends_at": ends_at, "gpus": gpus}
+    return act(request, change, done=done, back=back, lease=lease, **asked)
 
 
 @staff_page

@@ -23,7 +23,15 @@ from kumo_sdk.cli.common import (
 )
 from kumo_sdk.cli.image import must_be_file, uploaded
 from kumo_sdk.cli.invoice import FormatOpt, InvoiceFormat, InvoiceId, OutputOpt, emit_download
-from kumo_sdk.cli.lease import Ends, Extend, Gpus, LendIdle, changes_said, lease_changed
+from kumo_sdk.cli.lease import (
+    Ends,
+    Extend,
+    Gpus,
+    LendIdle,
+    Start,
+    changes_said,
+    lease_changed,
+)
 from kumo_sdk.cli.operation import show_operation
 from kumo_sdk.client import Client
 from kumo_sdk.errors import NotFound, OperationFailed
@@ -399,16 +407,18 @@ def lease_update(
     ctx: typer.Context,
     lease_id: Annotated[int, typer.Argument(help="The lease's ID (`kumo admin leases`).")],
     lend_idle: LendIdle = None,
+    start: Start = None,
     ends: Ends = None,
     extend: Extend = None,
     gpus: Gpus = None,
     json: Json = False,
 ) -> None:
     """Change any project's lease: whether it lends its idle GPUs to spot VMs, when it
-    ends, how many GPUs it holds."""
+    starts (before it holds GPUs) and ends, how many GPUs it holds."""
     with connect(ctx) as kumo:
-        now = kumo.admin.leases.get(lease_id) if extend is not None else None
-        fields = changes_said(lend_idle, ends, extend, gpus, now)
+        relative = start is not None or extend is not None
+        now = kumo.admin.leases.get(lease_id) if relative else None
+        fields = changes_said(lend_idle, start, ends, extend, gpus, now)
         done = kumo.admin.leases.update(lease_id, **fields)
     return lease_changed(done, f"{done.project}/{done.name}", fields, json)
 

@@ -110,6 +110,13 @@ LendIdle = Annotated[
         "VMs borrowing them get their eviction notice now).",
     ),
 ]
+Start = Annotated[
+    str | None,
+    typer.Option(
+        help="Start it then instead (before it holds GPUs): an ISO 8601 time, or now. It "
+        "keeps its length unless --ends says when it ends."
+    ),
+]
 Ends = Annotated[
     str | None,
     typer.Option(
@@ -133,16 +140,26 @@ Gpus = Annotated[
 
 
 def changes_said(
-    lend_idle: bool | None, ends: str | None, extend: str | None, gpus: int | None, lease
+    lend_idle: bool | None,
+    start: str | None,
+    ends: str | None,
+    extend: str | None,
+    gpus: int | None,
+    lease,
 ) -> dict:
     """The fields ``kumo lease update`` was told to change on ``lease`` (as the API has
-    it now; read only for ``extend``); a usage error when it was told none, or both ways to
-    move the end."""
+    it now; read only for ``start`` and ``extend``); a usage error when it was told none,
+    or two ways to say the end."""
     if ends is not None and extend is not None:
         raise typer.BadParameter("say --ends or --extend, not both", param_hint="ends")
+    if start is not None and extend is not None:
+        raise typer.BadParameter("with --start, say the end with --ends", param_hint="extend")
     fields: dict = {}
     if lend_idle is not None:
         fields["lend_idle"] = lend_idle
+    if start is not None:
+        fields["starts_at"] = _when(start)
+        fields["ends_at"] = fields["starts_at"] + (lease.ends_at - lease.starts_at)
     if ends is not None:
         fields["ends_at"] = _when(ends)
     if extend is not None:
@@ -151,7 +168,7 @@ def changes_said(
         fields["gpus"] = gpus
     if not fields:
         raise typer.BadParameter(
-            "say --lend-idle or --no-lend-idle, --ends or --extend, or --gpus",
+            "say --lend-idle or --no-lend-idle, --start, --ends or --extend, or --gpus",
             param_hint="lend_idle",
         )
     return fields
@@ -167,7 +184,12 @@ def lease_changed(done, name: str, fields: dict, json: bool) -> None:
             if done.lend_idle
             else f"Lease {name} keeps its idle GPUs for its VMs."
         )
-    if "ends_at" in fields:
+    if "starts_at" in fields:
+        output.note(
+            f"Lease {name} runs from {done.starts_at:%Y-%m-%d %H:%M} "
+            f"to {done.ends_at:%Y-%m-%d %H:%M} UTC."
+        )
+    elif "ends_at" in fields:
         output.note(f"Lease {name} ends at {done.ends_at:%Y-%m-%d %H:%M} UTC.")
     if "gpus" in fields:
         output.note(f"Lease {name} holds {_size(done)}.")
@@ -179,17 +201,18 @@ def lease_update(
     ctx: typer.Context,
     name: str,
     lend_idle: LendIdle = None,
+    start: Start = None,
     ends: Ends = None,
     extend: Extend = None,
     gpus: Gpus = None,
     json: Json = False,
 ):
     """Change a lease (project admins): whether it lends its idle GPUs to spot VMs, when it
-    ends, how many GPUs it holds."""
+    starts (before it holds GPUs) and ends, how many GPUs it holds."""
     with connect(ctx) as kumo:
         project = current_project(kumo)
         found = kumo.leases.find(name, project=project)
-        fields = changes_said(lend_idle, ends, extend, gpus, found)
+        fields = changes_said(lend_idle, start, ends, extend, gpus, found)
         done = kumo.leases.update(found.id, project=project, **fields)
     return lease_changed(done, done.name, fields, json)
 

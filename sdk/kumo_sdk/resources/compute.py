@@ -75,8 +75,9 @@ class Leases(Resource[Lease]):
     ``update(id, lend_idle=False)`` keeps its idle GPUs for its VMs from now on (the spot
     VMs borrowing them get their eviction notice now), ``True`` lends them again;
     ``update(id, ends_at=...)`` moves its end (later is admitted again for the time it adds:
-    409 with ``details["latest_ends_at"]`` when it does not fit); ``update(id, gpus=n)``
-    makes it hold n GPUs from now on. ``list``
+    409 with ``details["latest_ends_at"]`` when it does not fit), ``starts_at=...`` its
+    start before it holds GPUs; ``update(id, gpus=n)`` makes it hold n GPUs from now on.
+    ``list``
     filters: ``state``, ``ends_after`` and ``starts_before`` (a calendar's window)."""
 
     path, type = "leases/", Lease
