@@ -176,16 +176,18 @@ class ImageCache:
         for path in sorted(self.root.iterdir()):
             if not _COPY.match(path.name):
                 continue
-            if path.resolve() not in in_use and self._remove(path, min_age_s, now):
+            based_on = path.resolve() in in_use
+            if not based_on and self._remove(path, min_age_s, now):
                 removed.append(f"sha256:{path.name}")
                 continue
             try:
                 stat = path.stat()
             except FileNotFoundError:
                 continue
-            total += stat.st_blocks * 512  # what it takes on disk (a copy may be sparse)
-            if path.resolve() not in in_use:
-                unused.append((stat.st_mtime, path, stat.st_blocks * 512))
+            size = stat.st_blocks * 512  # what it takes on disk (a copy may be sparse)
+            total += size
+            if not based_on:
+                unused.append((stat.st_mtime, path, size))
         if max_bytes <= 0 or total <= max_bytes:  # no cap, or under it
             return removed
         for _used_at, path, size in sorted(unused):

@@ -61,7 +61,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from compute import guarantees, placement
@@ -154,19 +154,25 @@ def _check(project, name: str, gpus, hosts, starts_at, ends_at, now) -> None:
         raise InvalidInput.field("gpus", "must be 1 or more")
     if hosts is not None and (not isinstance(hosts, int) or hosts < 1):
         raise InvalidInput.field("hosts", "must be 1 or more")
-    if ends_at <= starts_at:
-        raise InvalidInput.field("ends_at", "must be after starts_at")
-    if ends_at <= now:
-        raise InvalidInput.field("ends_at", "must be in the future")
-    if starts_at < now - timedelta(minutes=5):
-        raise InvalidInput.field("starts_at", "must not be in the past")
-    longest = timedelta(days=settings.LEASE_MAX_DAYS)
-    if ends_at - starts_at > longest:
-        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
+    _check_period(starts_at, ends_at, now, new_start=True)
     if Lease.objects.for_project(project).filter(name=name, state__in=HOLDING).exists():
         raise Conflict(
             f"a lease named {name} exists in project {project.slug}", details={"name": ["taken"]}
         )
+
+
+def _check_period(starts_at: datetime, ends_at: datetime, now: datetime, *, new_start: bool):
+    """A lease's period ``[starts_at, ends_at)``, 400 naming the field when it cannot be:
+    an end in the future and after the start, a start given anew not in the past (five
+    minutes' grace), and no longer than ``KUMO_LEASE_MAX_DAYS``."""
+    if ends_at <= now:
+        raise InvalidInput.field("ends_at", "must be in the future")
+    if ends_at <= starts_at:
+        raise InvalidInput.field("ends_at", "must be after starts_at")
+    if new_start and starts_at < now - timedelta(minutes=5):
+        raise InvalidInput.field("starts_at", "must not be in the past")
+    if ends_at - starts_at > timedelta(days=settings.LEASE_MAX_DAYS):
+        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
 
 
 def lease_create(
@@ -411,13 +417,7 @@ def _change_lending(lease: Lease, lend_idle: bool) -> dict:
 def _move_end(lease: Lease, ends_at: datetime) -> dict:
     """End ``lease`` (its row locked) at ``ends_at`` instead: admitted again for the time
     it adds; its GPUs' allocations follow."""
-    now = timezone.now()
-    if ends_at <= now:
-        raise InvalidInput.field("ends_at", "must be in the future")
-    if ends_at <= lease.starts_at:
-        raise InvalidInput.field("ends_at", "must be after starts_at")
-    if ends_at - lease.starts_at > timedelta(days=settings.LEASE_MAX_DAYS):
-        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
+    _check_period(lease.starts_at, ends_at, timezone.now(), new_start=False)
     before = lease.ends_at
     if ends_at > before:
         _admit_extension(lease, before, ends_at)
@@ -428,15 +428,36 @@ def _move_end(lease: Lease, ends_at: datetime) -> dict:
     LeaseAllocation.objects.filter(lease=lease, ends_at=before).update(ends_at=ends_at)
     lease.ends_at, lease.end_notice_at = ends_at, None  # told again before the new end
     lease.save(update_fields=["ends_at", "end_notice_at"])
+    _announce(
+        lease,
+        f"lease {lease.name} now ends at {ends_at.isoformat()} (it ended at {before.isoformat()})",
+        ends_at=ends_at.isoformat(),
+        was=before.isoformat(),
+    )
+    return {"ends_at": ends_at.isoformat(), "previous_ends_at": before.isoformat()}
+
+
+def _admission(lease: Lease, gpus: int, hosts: int | None, *, exclude=None) -> _Asked:
+    """What admitting ``gpus`` GPUs (or ``hosts`` whole hosts) of ``lease``'s model for it
+    weighs, read under the locks ``lease_create`` takes (guarantees', then the model's
+    on-demand admission): no two admissions count on the same GPU."""
+    model = lease.gpu_model
+    guarantees._advisory_lock(guarantees._SET_LOCK)
+    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
+    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
+    base, whole = guarantees.committed(model), _Hosts.read(model)
+    return _Asked(model, gpus, hosts, fleet, base, whole, exclude=exclude)
+
+
+def _announce(lease: Lease, message: str, **payload) -> None:
+    """The event ``lease.updated`` for ``lease``'s project."""
     events.emit(
         "lease.updated",
         project=lease.project,
         obj=lease,
-        message=f"lease {lease.name} now ends at {ends_at.isoformat()} "
-        f"(it ended at {before.isoformat()})",
-        payload={"lease": lease.pk, "ends_at": ends_at.isoformat(), "was": before.isoformat()},
+        message=message,
+        payload={"lease": lease.pk, **payload},
     )
-    return {"ends_at": ends_at.isoformat(), "previous_ends_at": before.isoformat()}
 
 
 def _move_start(lease: Lease, starts_at: datetime, ends_at: datetime) -> dict:
@@ -450,19 +471,9 @@ def _move_start(lease: Lease, starts_at: datetime, ends_at: datetime) -> dict:
             details={"starts_at": [f"the lease is {lease.state}"]},
         )
     now = timezone.now()
-    if starts_at < now - timedelta(minutes=5):
-        raise InvalidInput.field("starts_at", "must not be in the past")
+    _check_period(starts_at, ends_at, now, new_start=True)
     starts_at = max(starts_at, now)
-    if ends_at <= starts_at:
-        raise InvalidInput.field("ends_at", "must be after starts_at")
-    if ends_at - starts_at > timedelta(days=settings.LEASE_MAX_DAYS):
-        raise InvalidInput.field("ends_at", f"a lease lasts {settings.LEASE_MAX_DAYS} days at most")
-    model = lease.gpu_model
-    guarantees._advisory_lock(guarantees._SET_LOCK)
-    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
-    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
-    base, whole = guarantees.committed(model), _Hosts.read(model)
-    asked = _Asked(model, lease.gpus, lease.hosts, fleet, base, whole, exclude=lease)
+    asked = _admission(lease, lease.gpus, lease.hosts, exclude=lease)
     if not asked.fits(starts_at, ends_at):
         asked.refuse(starts_at, ends_at)
     before = (lease.starts_at, lease.ends_at)
@@ -470,18 +481,13 @@ def _move_start(lease: Lease, starts_at: datetime, ends_at: datetime) -> dict:
     lease.save(update_fields=["starts_at", "ends_at", "end_notice_at"])
     waiting = VirtualMachine.objects.filter(lease=lease, state=VmState.PENDING)
     waiting.update(state_reason=waiting_for(lease))  # the start they wait for
-    events.emit(
-        "lease.updated",
-        project=lease.project,
-        obj=lease,
-        message=f"lease {lease.name} now runs from {starts_at.isoformat()} to "
-        f"{ends_at.isoformat()} (it ran from {before[0].isoformat()} to {before[1].isoformat()})",
-        payload={
-            "lease": lease.pk,
-            "starts_at": starts_at.isoformat(),
-            "ends_at": ends_at.isoformat(),
-            "was": [before[0].isoformat(), before[1].isoformat()],
-        },
+    _announce(
+        lease,
+        f"lease {lease.name} now runs from {starts_at.isoformat()} to {ends_at.isoformat()} "
+        f"(it ran from {before[0].isoformat()} to {before[1].isoformat()})",
+        starts_at=starts_at.isoformat(),
+        ends_at=ends_at.isoformat(),
+        was=[before[0].isoformat(), before[1].isoformat()],
     )
     return {
         "starts_at": starts_at.isoformat(),
@@ -495,13 +501,7 @@ def _admit_extension(lease: Lease, start: datetime, end: datetime) -> None:
     """Admit ``lease``'s GPUs over ``[start, end)`` (its old end to its new one) as a new
     lease of its size there would be, under the same locks; 409 with the latest end that
     fits when they do not."""
-    model = lease.gpu_model
-    guarantees._advisory_lock(guarantees._SET_LOCK)
-    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
-    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
-    asked = _Asked(
-        model, lease.gpus, lease.hosts, fleet, guarantees.committed(model), _Hosts.read(model)
-    )
+    asked = _admission(lease, lease.gpus, lease.hosts)
     if asked.fits(start, end):
         return
     latest = _latest_fit(asked, start, end)
@@ -527,7 +527,7 @@ def _resize(lease: Lease, gpus: int) -> dict:
     now = timezone.now()
     start, before = max(lease.starts_at, now), lease.gpus
     in_it = VirtualMachine.objects.filter(lease=lease).exclude(state=VmState.DELETED)
-    largest = max(in_it.values_list("gpus", flat=True), default=0)
+    largest = in_it.aggregate(most=Max("gpus"))["most"] or 0
     if largest > gpus:  # it could never be placed in the lease
         raise Conflict(
             f"lease {lease.name}: a VM in it needs {largest} GPUs, more than {gpus}",
@@ -559,12 +559,11 @@ def _resize(lease: Lease, gpus: int) -> dict:
             priority=BillingPriority.RESERVED,
             name=f"lease {lease.name}",
         )
-    events.emit(
-        "lease.updated",
-        project=lease.project,
-        obj=lease,
-        message=f"lease {lease.name} now holds {gpus} {lease.gpu_model} GPUs (it held {before})",
-        payload={"lease": lease.pk, "gpus": gpus, "was": before},
+    _announce(
+        lease,
+        f"lease {lease.name} now holds {gpus} {lease.gpu_model} GPUs (it held {before})",
+        gpus=gpus,
+        was=before,
     )
     return {"gpus": gpus, "previous_gpus": before, "spot_noticed": noticed}
 
@@ -573,16 +572,12 @@ def _admit_more(lease: Lease, more: int, start: datetime) -> None:
     """Admit ``more`` GPUs for ``lease`` over ``[start, its end)`` as a new lease of them
     there would be (the lease itself counted at its size), under the same locks; 409 with
     the most it may hold then."""
-    model = lease.gpu_model
-    guarantees._advisory_lock(guarantees._SET_LOCK)
-    guarantees._advisory_lock(f"kumo.guarantee.gpu.{model}")
-    fleet = guarantees.fleet_gpus(up_only=False).get(model, 0)
-    asked = _Asked(model, more, None, fleet, guarantees.committed(model), _Hosts.read(model))
+    asked = _admission(lease, more, None)
     if asked.fits(start, lease.ends_at):
         return
     message, _field, _reason = asked.shortfall(start, lease.ends_at)
-    busy = guarantees.leased_peak(model, start, lease.ends_at)  # this lease among them
-    most = lease.gpus + max(0, fleet - asked.base - busy)
+    busy = guarantees.leased_peak(lease.gpu_model, start, lease.ends_at)  # this lease among them
+    most = lease.gpus + max(0, asked.fleet - asked.base - busy)
     raise Conflict(
         f"lease {lease.name} cannot hold {lease.gpus + more} GPUs: {message} (this lease "
         f"{lease.gpus} of them); it may hold {most} then",
