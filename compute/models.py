@@ -283,7 +283,7 @@ QUEUED = Q(state="pending", reserved_host__isnull=True)
 #: decides the plain ones a size at a time (``compute.services.vms.vm_schedule_pending``).
 PLAIN_SPOT = Q(priority="spot", placement_group__isnull=True, lease__isnull=True)
 #: What a VM's size is to the scheduler.
-SIZE = ("gpus", "vcpus", "memory_mib", "gpu_model")
+SIZE = ("gpus", "vcpus", "memory_mib", "gpu_model", "rdma_vfs")
 #: A waiting VM not yet told that it waits for want of room for its size: its reason does
 #: not start with ``NO_ROOM``. Written as the range of the strings that start with it (in
 #: byte order, SQLite's and that of PostgreSQL's C collations) rather than as a ``LIKE``:
@@ -324,6 +324,11 @@ class VirtualMachine(ProjectOwnedModel):
     memory_mib = models.PositiveBigIntegerField()
     gpus = models.PositiveSmallIntegerField(default=0)
     gpu_model = models.CharField(max_length=64, blank=True)
+    rdma_vfs = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="RDMA NIC virtual functions its ports take on its host: one per port on "
+        "an RDMA network, fixed when it is created (a VM's ports are its for life)",
+    )
     disk_gib = models.PositiveIntegerField()
     ssh_keys = models.JSONField(default=list, blank=True, help_text="OpenSSH public keys")
     user_data = models.TextField(blank=True, help_text="cloud-init user-data")

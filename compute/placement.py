@@ -36,7 +36,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Count, F, OuterRef, Subquery
 from django.db.models.query import get_related_populators
 from django.utils import timezone
 
@@ -88,8 +88,24 @@ def _host_views(
     view of a spot VM borrowing from the leases that lend now (``lending``: their ids);
     in every other view it is held (``gpus_held``: CPU VMs leave it its share of the
     host)."""
+    # Each host's free RDMA virtual functions (given to no VM, held by no port), counted
+    # by the database beside its row.
+    free_vfs = (
+        Device.objects.filter(
+            host=OuterRef("pk"),
+            kind=DeviceKind.RDMA_VF,
+            vm__isnull=True,
+            port__isnull=True,
+            present=True,
+        )
+        .order_by()
+        .values("host")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
     rows = list(
-        hosts.values(
+        hosts.annotate(vfs_free=Subquery(free_vfs)).values(
+            "vfs_free",
             "id",
             "name",
             "rack",
@@ -115,6 +131,7 @@ def _host_views(
             rack=row["rack"],
             vcpus_free=capacity[row["id"]][0] - row["vcpus_used"],
             memory_mib_free=capacity[row["id"]][1] - row["memory_mib_used"],
+            vfs_free=row["vfs_free"] or 0,
         )
         for row in rows
     }
@@ -338,6 +355,7 @@ class Queued(NamedTuple):
     memory_mib: int
     gpus: int
     gpu_model: str
+    rdma_vfs: int
     disk_gib: int
     kept_disk: str
     placement_group_id: int | None
@@ -376,6 +394,7 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
         memory_mib=queued.memory_mib,
         gpus=queued.gpus,
         gpu_model=queued.gpu_model,
+        rdma_vfs=queued.rdma_vfs,
     )
     with view.lock:
         scheduler = view.get()
@@ -437,6 +456,7 @@ def request_for(vm: VirtualMachine, *, group_locked: bool = False) -> Request:
         memory_mib=vm.memory_mib,
         gpus=vm.gpus,
         gpu_model=vm.gpu_model,
+        rdma_vfs=vm.rdma_vfs,
         group_policy=policy,
         group_hosts=hosts,
         group_racks=racks,
@@ -461,7 +481,17 @@ def rdma_vf_claim(*, host_id: int, vm_id: UUID | None) -> Device | None:
     )
     if vf is not None and vm_id is not None:
         devices_give([vf.pk], vm_id)
+    elif vf is not None:
+        vfs_changed(host_id)
     return vf
+
+
+def vfs_changed(host_id: int) -> None:
+    """A port outside any claim took or gave back one of host ``host_id``'s RDMA virtual
+    functions: once that commits, this process's view reads the host again. (A claim's
+    own VFs are its reservation in the view; other processes' views learn of it at their
+    next load, and a claim made on a view that missed it finds no VF and is undone.)"""
+    _refresh_after_commit(host_id)
 
 
 def claim(

@@ -90,6 +90,8 @@ class HostView:
     gpus_held: int = 0
     # GPUs held by on-demand VMs: no eviction frees them.
     gpus_on_demand: int = 0
+    # RDMA NIC virtual functions given to no VM and held by no port.
+    vfs_free: int = 0
 
     @property
     def gpus_total(self) -> int:
@@ -119,6 +121,7 @@ class Request:
     memory_mib: int
     gpus: int = 0
     gpu_model: str = ""
+    rdma_vfs: int = 0  # one per port on an RDMA network
     group_policy: str = ""
     group_hosts: frozenset[int] = frozenset()
     group_racks: frozenset[str] = frozenset()
@@ -158,6 +161,8 @@ class NoValidHost(Exception):
         if request.gpus:
             where = "on one NUMA cell" if request.gpus <= 4 else "on one whole node"
             what += f", {request.gpus} {request.gpu_model or 'GPU'} GPUs {where}"
+        if request.rdma_vfs:
+            what += f", {request.rdma_vfs} RDMA virtual function(s)"
         parts = [f"{count} {FILTER_REASONS[name]}" for name, count in rejected.most_common()]
         if excluded:
             parts.append(f"{excluded} not in service (draining, maintenance or down)")
@@ -199,6 +204,12 @@ def gpu_reserve_filter(host: HostView, req: Request) -> bool:
     )
 
 
+def rdma_filter(host: HostView, req: Request) -> bool:
+    """A VM with ports on RDMA networks needs a free virtual function of the host's RDMA
+    NIC for each."""
+    return host.vfs_free >= req.rdma_vfs
+
+
 def affinity_filter(host: HostView, req: Request) -> bool:
     return req.group_policy != "affinity" or not req.group_hosts or host.id in req.group_hosts
 
@@ -217,6 +228,7 @@ FILTERS: dict[str, Filter] = {
     "gpu": gpu_filter,
     "capacity": capacity_filter,
     "gpu_reserve": gpu_reserve_filter,
+    "rdma": rdma_filter,
     "affinity": affinity_filter,
     "anti_affinity": anti_affinity_filter,
     "compact": compact_filter,
@@ -227,6 +239,7 @@ FILTER_REASONS = {
     "gpu": "without enough free GPUs of that model",
     "capacity": "without enough free vCPUs or memory",
     "gpu_reserve": "GPU hosts whose spare vCPUs and memory their free GPUs need",
+    "rdma": "without enough free RDMA virtual functions",
     "affinity": "not the host of the placement group (affinity)",
     "anti_affinity": "already hold a member of the placement group (anti-affinity)",
     "compact": "outside the placement group's rack (compact)",
@@ -343,6 +356,7 @@ class Scheduler:
         key = _index_key(host)
         host.vcpus_free += sign * req.vcpus
         host.memory_mib_free += sign * req.memory_mib
+        host.vfs_free += sign * req.rdma_vfs
         if placement.device_ids:
             self._gpu_index[key].discard(host.id)
             if sign < 0:

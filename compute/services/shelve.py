@@ -87,8 +87,11 @@ def vm_finish_shelve(vm: VirtualMachine) -> None:
     the transaction holding the VM's row lock, when its host reported the guest absent at
     the shelve's generation (the disk is kept by then: the host keeps it before it
     undefines the guest)."""
+    from network import services as network
+
     host_name = vm.host.name if vm.host_id else ""
     placement.release(vm)
+    network.ports_unbind(vm)
     now = timezone.now()
     changes = {
         "state": VmState.SHELVED,

@@ -299,12 +299,15 @@ class _EvictableIndex:
         """The candidates for ``req`` on ``hosts`` (the scheduler's views of the hosts that
         are up, by id): for a GPU request those holding GPUs of its model and the CPU-only
         ones beside them, for a CPU request the CPU-only; never a ``protected`` one. Only
-        the hosts holding a protected VM or GPUs of several models are filtered one by one."""
+        the hosts holding a protected VM or GPUs of several models are filtered one by one.
+        A host without the free RDMA virtual functions the request needs has none: the
+        VFs its spot VMs hold are not counted on, so no eviction is made that would not
+        make room."""
         touched = {self.where[vm_id] for vm_id in protected if vm_id in self.where}
         found: dict[int, Sequence[Candidate]] = {}
         for host_id, (cands, models) in self._lists().items():
             view = hosts.get(host_id)
-            if view is None or not cands:
+            if view is None or not cands or view.vfs_free < req.rdma_vfs:
                 continue
             if not req.gpus:
                 cands = [c for c in cands if not c.gpus]
@@ -708,10 +711,12 @@ def victim_gone(vm: VirtualMachine, host: Host) -> None:
 def _evict(victims: list[VirtualMachine], host: Host) -> None:
     """Release what ``victims`` hold on ``host`` and move them to evicted."""
     from compute.choices import EvictAction
+    from network import services as network
 
     now = timezone.now()
     for victim in victims:
         placement.release(victim)
+        network.ports_unbind(victim)
         shelving = victim.template.evict_action == EvictAction.SHELVE
         outcome = _shelve_evicted(victim, host, now) if shelving else {}
         transition(

@@ -47,6 +47,7 @@ from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
+from network.choices import NetworkKind
 from tenants import quotas, usage
 from tenants.models import Project
 
@@ -132,6 +133,7 @@ def vm_create(
         memory_mib=template.memory_gib * 1024,
         gpus=template.gpus,
         gpu_model=template.gpu_model,
+        rdma_vfs=sum(nic["network"].kind == NetworkKind.RDMA for nic in nics),
         disk_gib=template.disk_gib,
         ssh_keys=list(ssh_keys),
         user_data=user_data,

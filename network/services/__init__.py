@@ -33,7 +33,14 @@ from network.services.networks import (
     subnet_delete,
     subnet_update,
 )
-from network.services.ports import port_create, port_delete, port_update, ports_bind, ports_release
+from network.services.ports import (
+    port_create,
+    port_delete,
+    port_update,
+    ports_bind,
+    ports_release,
+    ports_unbind,
+)
 from network.services.reports import host_network_reported
 from network.services.security_groups import (
     DEFAULT_GROUP,
@@ -66,6 +73,7 @@ __all__ = [
     "port_update",
     "ports_bind",
     "ports_release",
+    "ports_unbind",
     "router_ensure",
     "rule_create",
     "rule_delete",

@@ -176,6 +176,21 @@ def ports_bind(vm: VirtualMachine) -> None:
         _hosts_changed(project=vm.project, host_ids=[vm.host_id])
 
 
+def ports_unbind(vm: VirtualMachine) -> None:
+    """``vm`` left its host holding nothing there (evicted, shelved): its RDMA ports leave
+    that host and give back their VFs, for any VM; placed again, it takes VFs where it goes
+    (``ports_bind``). Inside the transaction that releases it."""
+    hosts = set(
+        Port.objects.filter(vm=vm, binding=PortBinding.VF, host__isnull=False).values_list(
+            "host_id", flat=True
+        )
+    )
+    if not hosts:
+        return
+    Port.objects.filter(vm=vm, binding=PortBinding.VF).update(host=None, vf=None)
+    _hosts_changed(project=vm.project, host_ids=hosts)
+
+
 def ports_release(vm: VirtualMachine) -> int:
     """Delete ``vm``'s ports, and with them their addresses, 1:1 NAT and port forwards,
     so nothing reaches whoever gets the address next. Returns how many were deleted."""
@@ -196,6 +211,8 @@ def _port_delete(port: Port) -> None:
         detail={"forwards_removed": len(forwards), "nat_removed": nat},
     )
     port.delete()  # fixed IPs and forwards cascade; a 1:1 global IP is set free
+    if port.vf_id is not None and port.vm_id is None:  # its VF is free for the scheduler
+        placement.vfs_changed(port.host_id)
     _hosts_changed(project=port.project, host_ids=hosts)
 
 

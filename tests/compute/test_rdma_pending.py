@@ -1,14 +1,16 @@
-"""A pending VM whose RDMA port finds no free virtual function on the host the scheduler
-chose waits with that reason, its claim undone; the pass goes on and places the VMs behind
-it, and the hand-over of an eviction fails alike for that VM alone.
-
-(The scheduler does not yet count a host's free VFs: docs/user/networks.md, Limits.)"""
+"""A VM's ports on RDMA networks each need a free virtual function of its host's RDMA NIC.
+The scheduler counts each host's free VFs (given to no VM, held by no port): a VM goes to a
+host with enough, waits while none has them, and no spot VM is evicted for it on a host
+without them. A claim made on a view that missed a VF taken meanwhile (another process's
+port) is undone: the VM waits with that reason and the pass goes on with the VMs behind it;
+the hand-over of an eviction fails alike for that VM alone. A VM that leaves its host
+(evicted, shelved) gives its VFs back, and takes new ones where it is placed again."""
 
 import pytest
 
-from compute import services
-from compute.choices import HostState, VmState
-from compute.models import Device, VirtualMachine
+from compute import placement, services
+from compute.choices import HostState, Priority, VmState
+from compute.models import Device, Host, VirtualMachine
 from compute.protocol import VM_APPLY_TASK
 from controlplane.errors import Conflict
 from network import services as network
@@ -22,22 +24,114 @@ from tests.factories import enroll_network, make_host, make_network, make_templa
 pytestmark = pytest.mark.django_db
 
 NO_VF = "no free RDMA virtual function on the VM's host"
+NO_VF_ROOM = "without enough free RDMA virtual functions"
 
 
-def test_a_pass_places_the_vms_behind_one_whose_rdma_port_cannot_bind(project, sent):
-    host = make_host("gpu-vf")
-    enroll_network(host, "10.0.0.9", sriov_pfs={"ens1f0": 16})
+def _rdma_host(name, vtep):
+    host = make_host(name)
+    enroll_network(host, vtep, sriov_pfs={"ens1f0": 16})
+    return host
+
+
+def _free_vfs(host):
+    return Device.objects.filter(host=host, kind="rdma_vf", vm__isnull=True, port__isnull=True)
+
+
+@pytest.fixture
+def committed(django_capture_on_commit_callbacks):
+    """``committed(service, **kwargs)``: the service, then what its commit would do in this
+    process (the test's transaction never commits): here, the view reading again the host
+    whose VFs a port took or gave back."""
+
+    def run(service, **kwargs):
+        with django_capture_on_commit_callbacks(execute=True):
+            return service(**kwargs)
+
+    return run
+
+
+def _take_every_vf(roce, host, committed) -> list[Port]:
+    """Every free VF of ``host`` held by a port without a VM (a container's, say)."""
+    held = []
+    while _free_vfs(host).exists():
+        held.append(committed(network.port_create, network=roce, host=host))
+    return held
+
+
+def test_an_rdma_vm_goes_to_a_host_with_a_free_vf_over_a_tighter_fit_without_one(
+    project, sent, committed
+):
+    a, b = _rdma_host("gpu-a", "10.0.0.1"), _rdma_host("gpu-b", "10.0.0.2")
+    roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    gpu = make_template(gpus=1)
+    first = make_vm(project, template=gpu)  # A or B: the other stays whole
+    tight = Host.objects.get(pk=fresh(first).host_id)
+    roomy_host = b if tight.pk == a.pk else a
+    _take_every_vf(roce, tight, committed)
+
+    plain = make_vm(project, template=gpu)  # packs beside the first
+    rdma = make_vm(project, template=gpu, nics=[{"network": roce}])
+
+    assert fresh(plain).host_id == tight.pk
+    rdma = fresh(rdma)
+    assert (rdma.state, rdma.host_id, rdma.rdma_vfs) == (VmState.PROVISIONING, roomy_host.pk, 1)
+    port = Port.objects.select_related("vf").get(vm=rdma)
+    assert (port.host_id, port.vf.host_id, port.vf.vm_id) == (roomy_host.pk, roomy_host.pk, rdma.pk)
+
+
+def test_an_rdma_vm_waits_while_no_host_has_a_free_vf_and_the_pass_goes_on(
+    project, sent, committed
+):
+    host = _rdma_host("gpu-vf", "10.0.0.9")
+    roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    held = _take_every_vf(roce, host, committed)
+    gpu = make_template(gpus=1)
+
+    rdma_vm = make_vm(project, template=gpu, nics=[{"network": roce}, {"network": roce}])
+    plain_vm = make_vm(project, template=gpu)
+
+    waiting = fresh(rdma_vm)
+    assert (waiting.state, waiting.host_id, waiting.rdma_vfs) == (VmState.PENDING, None, 2)
+    assert "2 RDMA virtual function(s)" in waiting.state_reason
+    assert f"1 {NO_VF_ROOM}" in waiting.state_reason
+    assert fresh(plain_vm).host_id == host.pk
+    before = VirtualMachine.objects.count()
+    with pytest.raises(Conflict) as refused:  # asked not to wait: refused, nothing made
+        make_vm(project, template=gpu, nics=[{"network": roce}], wait_for_capacity=False)
+    assert refused.value.code == "no_capacity" and NO_VF_ROOM in refused.value.message
+    assert VirtualMachine.objects.count() == before
+
+    committed(network.port_delete, port=held[0])  # one VF free: not yet two
+    assert services.vm_schedule_pending() == 0
+    assert fresh(rdma_vm).state == VmState.PENDING
+    committed(network.port_delete, port=held[1])
+    assert services.vm_schedule_pending() == 1
+    placed = fresh(rdma_vm)
+    assert (placed.state, placed.host_id) == (VmState.PROVISIONING, host.pk)
+    vfs = set(Port.objects.filter(vm=placed).values_list("vf_id", flat=True))
+    assert vfs == {held[0].vf_id, held[1].vf_id}
+
+
+def test_a_claim_on_a_view_that_missed_a_vf_taken_elsewhere_is_undone(
+    project, sent, committed, monkeypatch
+):
+    """Another process's port took the host's VFs after this process read the host: the
+    pass's claim for the RDMA VM finds no VF and is rolled back, the VM waits with that
+    reason, and the pass places the VM behind it."""
+    host = _rdma_host("gpu-vf", "10.0.0.9")
     roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
     services.host_set_state(host=host, state=HostState.MAINTENANCE, reason="firmware")
     gpu = make_template(gpus=1)
     rdma_vm = make_vm(project, template=gpu, nics=[{"network": roce}])  # first in the queue
     plain_vm = make_vm(project, template=gpu)
     assert {fresh(rdma_vm).state, fresh(plain_vm).state} == {VmState.PENDING}
-    services.host_set_state(host=fresh_host(host), state=HostState.UP)
-    # Every VF of the host is held by a port without a VM meanwhile.
-    held = []
-    while Device.objects.filter(host=host, kind="rdma_vf", vm__isnull=True, port__isnull=True):
-        held.append(network.port_create(network=roce, host=host))
+    services.host_set_state(host=Host.objects.get(pk=host.pk), state=HostState.UP)
+    placement.view.invalidate()
+    with placement.view.lock:
+        assert placement.view.get().hosts[host.pk].vfs_free > 0  # read with its VFs free
+    # As in another process: this one's view is not told of the VFs taken.
+    monkeypatch.setattr(placement, "vfs_changed", lambda host_id: None)
+    held = _take_every_vf(roce, host, committed)
 
     assert services.vm_schedule_pending() == 1  # the pass went on past the RDMA VM
 
@@ -50,41 +144,87 @@ def test_a_pass_places_the_vms_behind_one_whose_rdma_port_cannot_bind(project, s
     assert (placed.state, placed.host_id) == (VmState.PROVISIONING, host.pk)
     applied = [(queue, kwargs["vm_id"]) for queue, task, kwargs in sent if task == VM_APPLY_TASK]
     assert applied == [(f"host.{host.name}", str(plain_vm.pk))]
+    with placement.view.lock:  # the host was read again: its VFs are known taken
+        assert placement.view.get().hosts[host.pk].vfs_free == 0
 
-    before = VirtualMachine.objects.count()
-    with pytest.raises(Conflict) as refused:  # a new one is refused, not left half made
-        make_vm(project, template=gpu, nics=[{"network": roce}])
-    assert (refused.value.code, refused.value.message) == ("no_capacity", NO_VF)
-    assert VirtualMachine.objects.count() == before
-
-    network.port_delete(port=held[0])  # a VF is free again: the next pass places it
+    monkeypatch.undo()
+    committed(network.port_delete, port=held[0])  # a VF is free: the next pass places it
     assert services.vm_schedule_pending() == 1
     waiting = fresh(waiting)
     assert (waiting.state, waiting.host_id) == (VmState.PROVISIONING, host.pk)
     assert Port.objects.get(vm=waiting).vf_id == held[0].vf_id
 
 
-def fresh_host(host):
-    return type(host).objects.get(pk=host.pk)
-
-
-def test_a_hand_over_whose_rdma_port_cannot_bind_leaves_the_waiter_waiting(world, sent):
-    """The room freed by evictions on the host held for an on-demand VM: the VM's RDMA port
-    finds no free VF there, so the VM is not placed there; it waits again for room, and the
-    report that completed the hand-over is still taken."""
+def test_no_spot_vm_is_evicted_for_an_rdma_vm_on_a_host_without_a_free_vf(world, sent, committed):
     b = world["b"]
     enroll_network(b, "10.0.0.9", sriov_pfs={"ens1f0": 16})
     roce = make_network(world["wants"], "roce", kind="rdma", cidr="10.5.0.0/24")
-    while Device.objects.filter(host=b, kind="rdma_vf", vm__isnull=True, port__isnull=True):
-        network.port_create(network=roce, host=b)
+    held = _take_every_vf(roce, b, committed)
+    _take_every_vf(roce, world["a"], committed)
+
+    vm = make_vm(world["wants"], template=world["t8"], image=world["image"],
+                 nics=[{"network": roce}])  # fmt: skip
+
+    vm = fresh(vm)
+    assert (vm.state, vm.reserved_host_id) == (VmState.PENDING, None)
+    assert "1 RDMA virtual function(s)" in vm.state_reason
+    assert not VirtualMachine.objects.filter(state=VmState.EVICTING).exists()
+    committed(network.port_delete, port=held[0])  # a VF on B: evicting there makes room
+    services.vm_schedule_pending()
+    assert fresh(vm).reserved_host_id == b.pk
+    evicting = VirtualMachine.objects.filter(state=VmState.EVICTING)
+    assert {v.pk for v in evicting} == {v.pk for v in world["big"]}
+
+
+def test_a_hand_over_whose_rdma_port_cannot_bind_leaves_the_waiter_waiting(
+    world, sent, committed, monkeypatch
+):
+    """The VFs of the host held for an on-demand VM were taken during the notice (by
+    another process's ports): the hand-over reads the host again and finds no free VF
+    there, so the VM is not placed there; it waits again for room, and the report that
+    completed the hand-over is still taken."""
+    b = world["b"]
+    enroll_network(b, "10.0.0.9", sriov_pfs={"ens1f0": 16})
+    roce = make_network(world["wants"], "roce", kind="rdma", cidr="10.5.0.0/24")
     vm = make_vm(world["wants"], template=world["t8"], image=world["image"],
                  nics=[{"network": roce}])  # fmt: skip
     assert fresh(vm).reserved_host_id == b.pk
+    monkeypatch.setattr(placement, "vfs_changed", lambda host_id: None)
+    _take_every_vf(roce, b, committed)
     for victim in VirtualMachine.objects.filter(state=VmState.EVICTING):
         services.vm_delete(vm=fresh(victim))
         report(fresh(victim), "absent")  # the last one hands the host over
     vm = fresh(vm)
     assert (vm.state, vm.host_id, vm.reserved_host_id) == (VmState.PENDING, None, None)
-    assert NO_VF in vm.state_reason and "waiting for room" in vm.state_reason
+    assert NO_VF_ROOM in vm.state_reason and "waiting for room" in vm.state_reason
     assert not Device.objects.filter(vm=vm).exists()
     assert Port.objects.get(vm=vm).vf_id is None
+
+
+def test_a_vm_that_leaves_its_host_gives_its_vfs_back_and_takes_new_ones_where_placed_again(
+    project, sent
+):
+    a, b = _rdma_host("gpu-a", "10.0.0.1"), _rdma_host("gpu-b", "10.0.0.2")
+    roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    spot = make_template(gpus=1, eviction_notice_s=30, evict_action="shelve")
+    vm = make_vm(project, template=spot, priority=Priority.SPOT, nics=[{"network": roce}])
+    report(fresh(vm), "running")
+    first = fresh(vm).host
+    other = b if first.pk == a.pk else a
+    vf = Port.objects.get(vm=vm).vf
+    assert vf.host_id == first.pk
+
+    services.vm_shelve(vm=fresh(vm))
+    report(fresh(vm), "absent")
+    vm = fresh(vm)
+    assert vm.state == VmState.SHELVED
+    port = Port.objects.get(vm=vm)
+    assert (port.host_id, port.vf_id) == (None, None)  # the VF is free for anyone
+    assert _free_vfs(first).filter(pk=vf.pk).exists()
+
+    services.host_set_state(host=first, state=HostState.MAINTENANCE, reason="firmware")
+    services.vm_unshelve(vm=vm)
+    vm = fresh(vm)
+    assert (vm.state, vm.host_id) == (VmState.PROVISIONING, other.pk)
+    port = Port.objects.select_related("vf").get(vm=vm)
+    assert (port.host_id, port.vf.host_id, port.vf.vm_id) == (other.pk, other.pk, vm.pk)
