@@ -9,6 +9,7 @@ The host work each action asks for goes out after commit, carrying the new gener
 import heapq
 import itertools
 import logging
+from collections.abc import Iterator
 
 from django.db import transaction
 from django.db.models import prefetch_related_objects
@@ -225,7 +226,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             no_room[size] = reason[:500]
         else:
             roomy.add(size)
-    for queued in _queue_head(pending, roomy, limit):
+    for queued in _queue_head(pending, roomy, limit, no_room):
         size = tuple(getattr(queued, f) for f in SIZE)
         plain = (
             queued.priority == Priority.SPOT
@@ -288,22 +289,56 @@ def _refused_in_pass(queued: placement.Queued, vm: VirtualMachine | None, refusa
         placement.view.refresh_host(vm.host_id)
 
 
-def _queue_head(pending, roomy: set[tuple], limit: int) -> list[placement.Queued]:
+def _queue_head(
+    pending, roomy: set[tuple], limit: int, no_room: dict[tuple, str]
+) -> Iterator[placement.Queued]:
     """The first ``limit`` VMs of the queue, on-demand first, then oldest first, that a pass
     may try: all but the plain spot VMs of the sizes without room. Read as ranges of the
     queue's indexes, merged: the VMs that are not plain spot ones (``vm_queue``), and the
-    plain spot VMs of each size with ``roomy`` (``vm_queue_spot``)."""
+    plain spot VMs of each size with ``roomy`` (``vm_queue_spot``).
+
+    Each range is read a page at a time as the pass comes to it (``_pages``), and a plain
+    spot size's range stops once the pass finds no room for that size (``no_room``, which
+    the pass fills as it goes): a pass mostly places the first few VMs of a size, and the
+    rest of a long queue of that size is neither read nor counted against ``limit``."""
     fields = (*placement.Queued._fields, "created_at")
-    ranges = [pending.filter(~PLAIN_SPOT).order_by("priority", "created_at")]
+    ranges = [_pages(pending.filter(~PLAIN_SPOT).order_by("priority", "created_at"), fields)]
     ranges += [
-        pending.filter(PLAIN_SPOT, **_of_size(size)).order_by("created_at")
+        _pages(
+            pending.filter(PLAIN_SPOT, **_of_size(size)).order_by("created_at"),
+            fields,
+            until=lambda size=size: size in no_room,
+        )
         for size in sorted(roomy)
     ]
-    # Each range read whole before the first decision: the claims write the rows it holds.
-    heads = [list(r.values_list(*fields)[:limit]) for r in ranges]
     priority = placement.Queued._fields.index("priority")
-    merged = heapq.merge(*heads, key=lambda row: (row[priority], row[-1]))
-    return [placement.Queued._make(row[:-1]) for row in itertools.islice(merged, limit)]
+    merged = heapq.merge(*ranges, key=lambda row: (row[priority], row[-1]))
+    for row in itertools.islice(merged, limit):
+        yield placement.Queued._make(row[:-1])
+
+
+# The rows of a queue range a pass reads first, then four times as many each time it needs
+# more: most passes place a VM or two of a range.
+_FIRST_PAGE = 8
+
+
+def _pages(queryset, fields, *, until=lambda: False) -> Iterator[tuple]:
+    """The rows of ``queryset`` (in its order), read a page at a time as they are asked for,
+    each page whole before its first row is used (the pass's claims write the rows it
+    holds). A page is read from the range's start again, bigger: the rows the pass tried
+    are gone from it (placed) or given already (still waiting), and are left out. Stops
+    when ``until()`` says so, or the range has no more rows."""
+    given: set = set()
+    size = _FIRST_PAGE
+    while not until():
+        rows = list(queryset.values_list(*fields)[:size])
+        for row in rows:
+            if row[0] not in given:
+                given.add(row[0])
+                yield row
+        if len(rows) < size:
+            return
+        size *= 4
 
 
 def _of_size(size: tuple) -> dict:

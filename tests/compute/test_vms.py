@@ -159,6 +159,47 @@ def test_a_spot_size_the_view_has_no_room_for_is_not_tried_in_a_pass(project, se
     assert len(tried) == 2  # the third is not tried once the view has no room left
 
 
+def test_a_pass_reads_a_long_queue_of_one_size_a_page_at_a_time(project, sent, monkeypatch):
+    """A pass reads the VMs of a size a page at a time: with room for one of forty it reads
+    the first page only, and with room for more it reads on, page after bigger page, to its
+    ``limit``."""
+    from compute.services import vms as vm_services
+
+    monkeypatch.setattr(vm_services, "_FIRST_PAGE", 4)
+    t1 = make_template(gpus=1)
+    waiting = [make_vm(project, template=t1, priority=Priority.SPOT) for _ in range(40)]
+    make_host("gpu-a")
+    holders = [make_vm(project, template=make_template(name=f"h{n}", gpus=n)) for n in (4, 2, 1)]
+    reads = []
+    real_pages = vm_services._pages
+
+    def counted(queryset, fields, **kwargs):
+        for row in real_pages(queryset, fields, **kwargs):
+            reads.append(row[0])
+            yield row
+
+    monkeypatch.setattr(vm_services, "_pages", counted)
+    with CaptureQueriesContext(connection) as queries:
+        assert services.vm_schedule_pending() == 1
+    # The queue's reads: the pass's rows (``placement.Queued``) with their age, a page each.
+    queue_reads = [
+        q["sql"] for q in queries if 'AS "kept_disk"' in q["sql"] and "LIMIT" in q["sql"]
+    ]
+    assert len(queue_reads) == 2  # the first page of the VMs not plain spot, and of the size
+    assert all("LIMIT 4" in sql for sql in queue_reads)
+    assert len(reads) <= 4
+    assert fresh(waiting[0]).state == VmState.PROVISIONING  # the oldest first
+
+    for holder in holders:  # 7 GPUs free again, and three hosts more: room for 31
+        services.vm_delete(vm=fresh(holder))
+        report(fresh(holder), "absent")
+    for name in ("gpu-b", "gpu-c", "gpu-d"):
+        make_host(name)
+    assert services.vm_schedule_pending(limit=30) == 30  # pages of 4, 16, then 64
+    states = [fresh(v).state for v in waiting]
+    assert states[:31] == [VmState.PROVISIONING] * 31 and VmState.PROVISIONING not in states[31:]
+
+
 def test_a_small_spot_vm_behind_a_full_pass_of_sizes_without_room_is_placed(project, sent):
     make_host("gpu-a")
     t4, t8, t1 = make_template(gpus=4), make_template(name="g8", gpus=8), make_template(name="g1")
