@@ -750,7 +750,11 @@ def _choose_devices(lease: Lease, count: int, start: datetime) -> list[tuple[int
     """(device, host) pairs of ``count`` GPUs for ``lease`` over ``[start, its end)``: GPUs
     of its model on hosts that are up, held by no lease then and by no VM but a spot one;
     whole hosts first (its VMs need whole cells), free GPUs before those spot VMs use. A
-    lease of whole hosts takes only hosts all of whose GPUs are such, every GPU of each."""
+    lease that holds GPUs already (it grows) takes first the GPUs beside them: on the cells,
+    then the hosts, it holds, so that its VMs find whole cells in it. A lease of whole hosts
+    takes only hosts all of whose GPUs are such, every GPU of each."""
+    beside = set(Device.objects.filter(lease=lease).values_list("host_id", "numa_node"))
+    beside_hosts = {host_id for host_id, _cell in beside}
     overlapping = LeaseAllocation.objects.filter(
         starts_at__lt=lease.ends_at, ends_at__gt=start
     ).values("device_id")
@@ -772,7 +776,12 @@ def _choose_devices(lease: Lease, count: int, start: datetime) -> list[tuple[int
         by_host.setdefault(row[1], []).append(row)
     hosts = sorted(
         by_host.values(),
-        key=lambda devices: (-len(devices), sum(d[2] is not None for d in devices), devices[0][1]),
+        key=lambda devices: (
+            devices[0][1] not in beside_hosts,
+            -len(devices),
+            sum(d[2] is not None for d in devices),
+            devices[0][1],
+        ),
     )
     if lease.hosts is not None:
         per_host = lease.gpus // lease.hosts
@@ -780,7 +789,7 @@ def _choose_devices(lease: Lease, count: int, start: datetime) -> list[tuple[int
     chosen = []
     for devices in hosts:
         for pk, host_id, _vm, _cell, _pci in sorted(
-            devices, key=lambda d: (d[2] is not None, d[3] or 0, d[4])
+            devices, key=lambda d: ((d[1], d[3]) not in beside, d[2] is not None, d[3] or 0, d[4])
         ):
             if len(chosen) == count:
                 return chosen

@@ -214,6 +214,26 @@ def test_an_active_lease_grows_at_once_noticing_spot_vms_and_billed_from_then(se
 
 
 @pytest.mark.django_db
+def test_a_growing_lease_takes_the_gpus_beside_those_it_holds(sent):
+    """Its VMs need whole cells: the GPUs added come from the cell it holds, not from the
+    host left whole that a new lease would take first."""
+    a, b = make_host("gpu-a"), make_host("gpu-b")
+    lease = started(reserve(roomy_project(), 2, hour(1), hour(5)))
+    ((host, cell),) = set(Device.objects.filter(lease=lease).values_list("host_id", "numa_node"))
+    assert host in (a.pk, b.pk)
+
+    with clock(hour(2)):
+        services.lease_update(lease=lease, gpus=4)
+
+    held = Device.objects.filter(lease=lease)
+    assert set(held.values_list("host_id", "numa_node")) == {(host, cell)}
+    gpu4 = make_template(gpus=4)
+    vm = make_vm(lease.project, template=gpu4, lease=Lease.objects.get(pk=lease.pk))
+    assert fresh(vm).state == VmState.PROVISIONING  # four GPUs of one cell, in the lease
+    assert set(Device.objects.filter(vm=vm).values_list("lease_id", flat=True)) == {lease.pk}
+
+
+@pytest.mark.django_db
 def test_more_gpus_than_fit_are_refused_with_the_most_that_do():
     make_host("gpu-a")  # 8 GPUs
     mine, other = roomy_project(), roomy_project()
