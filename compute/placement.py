@@ -598,13 +598,14 @@ def _log_placed(vm: VirtualMachine, placement: Placement) -> None:
     )
 
 
-def no_room(req: Request) -> str:
+def no_room(req: Request, *, look_fresh: bool = True) -> str:
     """Why no host has room for ``req`` in this process's view, after the fresh look
-    ``place`` would take too; "" when some host may. Decides only: nothing is reserved, no
-    VM is read. For a request with no placement group or lease, whose admission weighs
-    nothing (a spot VM's): ``place`` would refuse it for the same reason."""
+    ``place`` would take too (unless not ``look_fresh``: the caller looked already); "" when
+    some host may. Decides only: nothing is reserved, no VM is read. For a request with no
+    placement group or lease, whose admission weighs nothing (a spot VM's): ``place`` would
+    refuse it for the same reason."""
     reason = ""
-    for fresh in (False, True):
+    for fresh in (False, True) if look_fresh else (False,):
         with view.lock:
             try:
                 view.get(fresh=fresh).select(req)

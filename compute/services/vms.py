@@ -220,8 +220,19 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     untold.update(
         dict.fromkeys(plain_spot.filter(UNTOLD).values_list(*SIZE).distinct().order_by(), True)
     )
+    # One fresh look at the hosts a pass, however many sizes find no room: the view then
+    # follows every claim the pass makes (the first size without room on the kept view
+    # reads the fleet again; the others are decided on that read).
+    looked = False
+
+    def why_no_room(size: tuple) -> str:
+        nonlocal looked
+        reason = placement.no_room(_size_request(size), look_fresh=not looked)
+        looked = looked or bool(reason)
+        return reason
+
     for size in untold:
-        reason = placement.no_room(_size_request(size))
+        reason = why_no_room(size)
         if reason:
             no_room[size] = reason[:500]
         else:
@@ -234,7 +245,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             and queued.lease_id is None
         )
         if plain and size not in no_room and size not in roomy:
-            reason = placement.no_room(_size_request(size))  # the last attempt took room
+            reason = why_no_room(size)  # the last attempt took room
             if reason:
                 no_room[size] = reason[:500]
         if plain and size in no_room:

@@ -200,6 +200,31 @@ def test_a_pass_reads_a_long_queue_of_one_size_a_page_at_a_time(project, sent, m
     assert states[:31] == [VmState.PROVISIONING] * 31 and VmState.PROVISIONING not in states[31:]
 
 
+def test_a_pass_reads_the_fleet_once_however_many_sizes_find_no_room(project, sent, monkeypatch):
+    """Each spot size without room on the kept view takes a fresh look at the hosts, as
+    ``place`` would; one look a pass is enough: the view follows the pass's own claims."""
+    from compute import placement
+
+    make_host("gpu-a")
+    make_vm(project, template=make_template(name="g8", gpus=8))  # the only host is full
+    for gpus in (1, 2, 4):
+        make_vm(project, template=make_template(name=f"s{gpus}", gpus=gpus), priority="spot")
+    loads = []
+    real_load = placement.load_scheduler
+    monkeypatch.setattr(
+        placement, "load_scheduler", lambda **kw: loads.append(1) or real_load(**kw)
+    )
+    VirtualMachine.objects.filter(priority=Priority.SPOT).update(state_reason="")  # untold
+
+    assert services.vm_schedule_pending() == 0
+
+    assert len(loads) == 1
+    reasons = list(
+        VirtualMachine.objects.filter(priority=Priority.SPOT).values_list("state_reason", flat=True)
+    )
+    assert len(reasons) == 3 and all(r.startswith("no host has") for r in reasons)
+
+
 def test_a_small_spot_vm_behind_a_full_pass_of_sizes_without_room_is_placed(project, sent):
     make_host("gpu-a")
     t4, t8, t1 = make_template(gpus=4), make_template(name="g8", gpus=8), make_template(name="g1")
