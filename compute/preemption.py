@@ -9,8 +9,9 @@ The rule, for one request:
   stopped, no action in flight), never an on-demand VM, and leaves out the spot VMs a
   project's guaranteed minimum protects.
 * Victims all come from one host, which then fits the request as placement requires it:
-  1-4 GPUs from one NUMA cell, more take the whole node, the vCPUs and memory free, the GPU
-  model and the placement group's policy honoured.
+  1-4 GPUs from one NUMA cell, more take the whole node, the vCPUs and memory free, the
+  RDMA virtual functions its ports need free, the GPU model and the placement group's
+  policy honoured.
 * Of every such set the best, for a request that takes part of a node, is on a host already
   pinned (``HostView.pinned``: a GPU held by an on-demand VM or a lease, which no eviction
   frees), so on-demand work gathers on fewer hosts and a whole-node on-demand request still
@@ -76,6 +77,8 @@ class Candidate:
     # reported a save), and the notice an eviction would give it.
     saves_at: float | None = None
     notice_s: float = 0.0
+    # The RDMA virtual functions its ports hold on the host: an eviction frees them.
+    rdma_vfs: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,8 @@ def _add_cpu(
     host: HostView, req: Request, chosen: tuple[Candidate, ...], cpu_only: Sequence[Candidate]
 ) -> tuple[Candidate, ...] | None:
     """``chosen`` plus the fewest CPU-only candidates (largest first) that make the vCPUs
-    and memory fit; ``None`` when even all of them do not."""
+    and memory fit; ``None`` when even all of them do not, or when the set does not free
+    the RDMA virtual functions the request needs beyond the host's free ones."""
     vcpus = host.vcpus_free + sum(v.vcpus for v in chosen)
     memory = host.memory_mib_free + sum(v.memory_mib for v in chosen)
     extra = []
@@ -185,7 +189,10 @@ def _add_cpu(
         memory += cand.memory_mib
     if vcpus < req.vcpus or memory < req.memory_mib:
         return None
-    return chosen + tuple(extra)
+    victims = chosen + tuple(extra)
+    if req.rdma_vfs and host.vfs_free + sum(v.rdma_vfs for v in victims) < req.rdma_vfs:
+        return None
+    return victims
 
 
 def _on_host(

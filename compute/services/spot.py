@@ -163,6 +163,7 @@ def _candidate(
     started: float,
     interval: float | None,
     notice_s: int,
+    rdma_vfs: int = 0,
 ) -> Candidate:
     """A spot VM as preemption weighs it (its row's values; ``started``: ``UNSAVED_SINCE``
     in seconds since 1970). A stopped one has nothing to lose. A guest that reported a save
@@ -171,7 +172,16 @@ def _candidate(
         started = NOTHING_TO_LOSE
     saves_at = started + interval if interval and started < NOTHING_TO_LOSE else None
     return Candidate(
-        vm_id, host_id, gpus, vcpus, memory_mib, started, cell, saves_at=saves_at, notice_s=notice_s
+        vm_id,
+        host_id,
+        gpus,
+        vcpus,
+        memory_mib,
+        started,
+        cell,
+        saves_at=saves_at,
+        notice_s=notice_s,
+        rdma_vfs=rdma_vfs,
     )
 
 
@@ -206,6 +216,7 @@ class _EvictableIndex:
         "task_state",
         "checkpoint_interval_s",
         "template__eviction_notice_s",
+        "rdma_vfs",
     )
 
     def __init__(self) -> None:
@@ -237,6 +248,7 @@ class _EvictableIndex:
             task,
             interval,
             notice,
+            vfs,
             started,
             lent,
         ) in rows:
@@ -249,7 +261,7 @@ class _EvictableIndex:
             if state in EVICTABLE and not task and host_id is not None and not lent:
                 cell = cell if gpus else None
                 cand = _candidate(
-                    vm_id, host_id, gpus, vcpus, memory, cell, state, started, interval, notice
+                    vm_id, host_id, gpus, vcpus, memory, cell, state, started, interval, notice, vfs
                 )
                 self.hosts.setdefault(host_id, {})[vm_id] = cand
                 self.where[vm_id] = host_id
@@ -300,14 +312,16 @@ class _EvictableIndex:
         are up, by id): for a GPU request those holding GPUs of its model and the CPU-only
         ones beside them, for a CPU request the CPU-only; never a ``protected`` one. Only
         the hosts holding a protected VM or GPUs of several models are filtered one by one.
-        A host without the free RDMA virtual functions the request needs has none: the
-        VFs its spot VMs hold are not counted on, so no eviction is made that would not
-        make room."""
+        A host where even evicting all of them would not free the RDMA virtual functions
+        the request needs has none (the victims chosen must free enough of them:
+        ``compute.preemption``)."""
         touched = {self.where[vm_id] for vm_id in protected if vm_id in self.where}
         found: dict[int, Sequence[Candidate]] = {}
         for host_id, (cands, models) in self._lists().items():
             view = hosts.get(host_id)
-            if view is None or not cands or view.vfs_free < req.rdma_vfs:
+            if view is None or not cands:
+                continue
+            if req.rdma_vfs > view.vfs_free + sum(c.rdma_vfs for c in cands):
                 continue
             if not req.gpus:
                 cands = [c for c in cands if not c.gpus]
@@ -388,14 +402,15 @@ def _decide_in_lease(vm: VirtualMachine, req) -> Preemption | None:
             "state",
             "checkpoint_interval_s",
             "template__eviction_notice_s",
+            "rdma_vfs",
         )
         .annotate(lent=Count("devices"), started=_Epoch(UNSAVED_SINCE))
         .order_by()
     )
     candidates: dict[int, list[Candidate]] = {}
-    for pk, host_id, cell, vcpus, memory, state, interval, notice, lent, started in rows:
+    for pk, host_id, cell, vcpus, memory, state, interval, notice, vfs, lent, started in rows:
         cand = _candidate(
-            str(pk), host_id, lent, vcpus, memory, cell, state, started, interval, notice
+            str(pk), host_id, lent, vcpus, memory, cell, state, started, interval, notice, vfs
         )
         candidates.setdefault(host_id, []).append(cand)
     if not candidates:

@@ -3,6 +3,7 @@ then wastes the fewest GPU-seconds (work since each victim's last checkpoint, pl
 per evicted GPU), then has the fewest VMs; on one host that then fits the request, and only
 candidates (spot VMs) are ever chosen."""
 
+from dataclasses import replace
 from functools import partial
 
 from compute import preemption
@@ -302,3 +303,20 @@ def test_placement_group_rules_hold_for_the_chosen_host():
         group_racks=frozenset({"r2"}),
     )
     assert choose_victims(hosts, cands, req).host_id == 2
+
+
+def test_the_victims_free_the_rdma_virtual_functions_the_request_needs():
+    # Two 4-GPU spot VMs on one host without a free VF: the one that just saved wastes less,
+    # but only the other frees the two VFs the request's ports need.
+    h = host(1, (0, 0), vcpus_free=0, memory_free=0)
+    needs_vfs = Request(vcpus=64, memory_mib=57 * 1024 * 4, gpus=4, gpu_model=MODEL, rdma_vfs=2)
+    cands = {1: [spot("saved", 1, 4, cell=0, started=99), spot("busy", 1, 4, cell=1)]}
+    assert choose_victims([h], cands, gpus(4)).victims == ("saved",)
+    cands[1][1] = replace(cands[1][1], rdma_vfs=2)
+    assert choose_victims([h], cands, needs_vfs).victims == ("busy",)
+    # Nothing evicted frees them: no decision.
+    cands[1][1] = replace(cands[1][1], rdma_vfs=1)
+    assert choose_victims([h], cands, needs_vfs) is None
+    # The host's free VFs count too.
+    h.vfs_free = 1
+    assert choose_victims([h], cands, needs_vfs).victims == ("busy",)

@@ -1,12 +1,15 @@
 """A VM's ports on RDMA networks each need a free virtual function of its host's RDMA NIC.
 The scheduler counts each host's free VFs (given to no VM, held by no port): a VM goes to a
-host with enough, waits while none has them, and no spot VM is evicted for it on a host
-without them. A claim made on a view that missed a VF taken meanwhile (another process's
-port) is undone: the VM waits with that reason and the pass goes on with the VMs behind it;
-the hand-over of an eviction fails alike for that VM alone. A VM that leaves its host
+host with enough, waits while none has them, and the spot VMs evicted for it free the VFs
+it needs too, or none is. A claim made on a view that missed a VF taken meanwhile (another
+process's port) is undone: the VM waits with that reason and the pass goes on with the VMs
+behind it; the hand-over of an eviction fails alike for that VM alone. A VM that leaves its host
 (evicted, shelved) gives its VFs back, and takes new ones where it is placed again."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from compute import placement, services
 from compute.choices import HostState, Priority, VmState
@@ -228,3 +231,37 @@ def test_a_vm_that_leaves_its_host_gives_its_vfs_back_and_takes_new_ones_where_p
     assert (vm.state, vm.host_id) == (VmState.PROVISIONING, other.pk)
     port = Port.objects.select_related("vf").get(vm=vm)
     assert (port.host_id, port.vf.host_id, port.vf.vm_id) == (other.pk, other.pk, vm.pk)
+
+
+def test_an_evicted_spot_vm_gives_its_vfs_back_to_the_vm_it_made_room_for(project, sent, roomy):
+    project = roomy(project)
+    host = _rdma_host("gpu-vf", "10.0.0.9")
+    roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    spot = make_template(gpus=4, eviction_notice_s=30)
+    victims = [
+        make_vm(project, template=spot, priority=Priority.SPOT, nics=[{"network": roce}])
+        for _ in range(2)
+    ]
+    for victim in victims:
+        report(fresh(victim), "running")
+    vfs = _free_vfs(host).count()
+    victim_vfs = set(Port.objects.filter(vm__in=victims).values_list("vf_id", flat=True))
+    assert len(victim_vfs) == 2 and None not in victim_vfs
+
+    # An on-demand VM of the whole host, with as many RDMA ports as the host has VFs left
+    # once its spot VMs give theirs back.
+    nics = [{"network": roce}] * (vfs + 2)
+    waiter = make_vm(project, template=make_template(name="g8", gpus=8), nics=nics)
+    assert fresh(waiter).reserved_host_id == host.pk
+    services.evictions_reap(now=timezone.now() + timedelta(seconds=31))
+    for victim in victims:
+        report(fresh(victim), "shutoff")
+
+    for victim in victims:
+        evicted = fresh(victim)
+        assert evicted.state == VmState.EVICTED
+        assert Port.objects.filter(vm=evicted).values_list("host_id", "vf_id").get() == (None, None)
+    waiter = fresh(waiter)
+    assert (waiter.state, waiter.host_id) == (VmState.PROVISIONING, host.pk)
+    taken = set(Port.objects.filter(vm=waiter).values_list("vf_id", flat=True))
+    assert victim_vfs <= taken and len(taken) == vfs + 2
