@@ -313,11 +313,12 @@ def _queue_head(
     the pass fills as it goes): a pass mostly places the first few VMs of a size, and the
     rest of a long queue of that size is neither read nor counted against ``limit``."""
     fields = (*placement.Queued._fields, "created_at")
-    ranges = [_pages(pending.filter(~PLAIN_SPOT).order_by("priority", "created_at"), fields)]
+    ranges = [_pages(pending.filter(~PLAIN_SPOT).order_by("priority", "created_at"), fields, limit)]
     ranges += [
         _pages(
             pending.filter(PLAIN_SPOT, **_of_size(size)).order_by("created_at"),
             fields,
+            limit,
             until=lambda size=size: size in no_room,
         )
         for size in sorted(roomy)
@@ -333,23 +334,24 @@ def _queue_head(
 _FIRST_PAGE = 8
 
 
-def _pages(queryset, fields, *, until=lambda: False) -> Iterator[tuple]:
+def _pages(queryset, fields, limit: int, *, until=lambda: False) -> Iterator[tuple]:
     """The rows of ``queryset`` (in its order), read a page at a time as they are asked for,
     each page whole before its first row is used (the pass's claims write the rows it
     holds). A page is read from the range's start again, bigger: the rows the pass tried
-    are gone from it (placed) or given already (still waiting), and are left out. Stops
-    when ``until()`` says so, or the range has no more rows."""
+    are gone from it (placed) or given already (still waiting), and are left out. No page
+    is longer than ``limit``, the most a pass takes. Stops when ``until()`` says so, or the
+    range has no more rows."""
     given: set = set()
-    size = _FIRST_PAGE
+    size = min(_FIRST_PAGE, limit)
     while not until():
         rows = list(queryset.values_list(*fields)[:size])
         for row in rows:
             if row[0] not in given:
                 given.add(row[0])
                 yield row
-        if len(rows) < size:
+        if len(rows) < size or size == limit:
             return
-        size *= 4
+        size = min(size * 4, limit)
 
 
 def _of_size(size: tuple) -> dict:
