@@ -177,17 +177,16 @@ def ports_bind(vm: VirtualMachine) -> None:
 
 
 def ports_unbind(vm: VirtualMachine) -> None:
-    """``vm`` left its host holding nothing there (evicted, shelved): its RDMA ports leave
-    that host and give back their VFs, for any VM; placed again, it takes VFs where it goes
-    (``ports_bind``). Inside the transaction that releases it."""
-    hosts = set(
-        Port.objects.filter(vm=vm, binding=PortBinding.VF, host__isnull=False).values_list(
-            "host_id", flat=True
-        )
-    )
+    """``vm`` left its host holding nothing there (evicted, shelved): its ports leave that
+    host. Its RDMA ports give back their VFs, for any VM; the host drops the VM's
+    firewall and, if no other port needs them, the VM's networks; the other hosts stop
+    sending the VM's MACs to it; the ports read down. Placed again, they bind where it
+    goes (``ports_bind``). Inside the transaction that releases it."""
+    bound = Port.objects.filter(vm=vm, host__isnull=False)
+    hosts = set(bound.values_list("host_id", flat=True))
     if not hosts:
         return
-    Port.objects.filter(vm=vm, binding=PortBinding.VF).update(host=None, vf=None)
+    bound.update(host=None, vf=None, bound_generation=0)
     _hosts_changed(project=vm.project, host_ids=hosts)
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from compute import host_tasks, services
-from compute.choices import EvictAction, Priority, VmState
+from compute.choices import EvictAction, HostState, Priority, VmState
 from compute.drivers import simnode
 from compute.drivers.libvirt import LibvirtDriver
 from compute.models import Device, Host, VirtualMachine
@@ -23,12 +23,23 @@ from controlplane.agent import runtime
 from controlplane.agent.config import AgentConfig
 from controlplane.errors import Conflict
 from controlplane.models import AuditEvent
+from network.choices import PortStatus
+from network.desired import host_networks
+from network.models import HostNetwork, Port
+from network.selectors import port_statuses
 from tenants import billing
 from tenants import services as tenants
 from tenants.models import UsageRecord
 from tests.compute.test_vms import fresh, report
 from tests.compute.test_vms import project as project
-from tests.factories import make_host, make_project, make_template, make_vm
+from tests.factories import (
+    enroll_network,
+    make_host,
+    make_network,
+    make_project,
+    make_template,
+    make_vm,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -117,6 +128,47 @@ def test_shelve_frees_every_claim_and_a_second_vm_takes_the_same_gpus(project, s
     vm = fresh(vm)
     assert vm.state == VmState.PROVISIONING
     assert apply_message(vm).extra["root_disk"] == vm.kept_disk  # boots its kept disk
+
+
+def test_a_shelved_vms_ports_leave_its_host_and_bind_where_it_is_placed_again(project, sent):
+    a, b = make_host("gpu-a"), make_host("gpu-b")
+    enroll_network(a, "10.0.0.1")
+    enroll_network(b, "10.0.0.2")
+    net = make_network(project, "lab")
+    vm = running_vm(project, template=make_template(gpus=8), nics=[{"network": net}])
+    first, other = (a, b) if vm.host_id == a.pk else (b, a)
+    peer = running_vm(project, template=make_template(gpus=8), nics=[{"network": net}])
+    assert peer.host_id == other.pk
+    port = Port.objects.get(vm=vm)
+    assert port.host_id == first.pk
+    assert (port.mac, "10.0.0.1" if first == a else "10.0.0.2") in _remote_macs(other)
+    before = HostNetwork.objects.get(host=first).desired_generation
+
+    vm, _ = services.vm_shelve(vm=vm)
+    report(fresh(vm), "absent")
+    assert fresh(vm).state == VmState.SHELVED
+    port.refresh_from_db()
+    assert (port.host_id, port.bound_generation) == (None, 0)
+    assert port_statuses([port])[port.pk] == PortStatus.DOWN
+    # The host it left drops its firewall and the network no other port of it needs, and
+    # is told so; the peer's host stops sending the shelved VM's MAC there.
+    here = host_networks(first.pk)
+    assert (here.ports, here.networks) == ((), ())
+    assert HostNetwork.objects.get(host=first).desired_generation > before
+    assert port.mac not in {mac for mac, _vtep in _remote_macs(other)}
+
+    services.host_set_state(host=first, state=HostState.MAINTENANCE, reason="firmware")
+    services.vm_delete(vm=fresh(peer))
+    report(fresh(peer), "absent")
+    vm, _ = services.vm_unshelve(vm=fresh(vm))
+    assert (vm.state, vm.host_id) == (VmState.PROVISIONING, other.pk)
+    port.refresh_from_db()
+    assert port.host_id == other.pk and port.bound_generation > 0
+    assert [p.mac for p in host_networks(other.pk).ports] == [port.mac]
+
+
+def _remote_macs(host) -> set:
+    return {mac for network in host_networks(host.pk).networks for mac in network.remote_macs}
 
 
 def test_shelve_and_unshelve_answer_409_from_the_wrong_state(project, sent):
