@@ -22,6 +22,7 @@ from compute import services as compute
 from network import desired, services
 from network.drivers.base import HostNetworks
 from network.models import Port
+from tests.compute.test_vms import fresh, report
 from tests.factories import (
     enroll_network,
     make_host,
@@ -282,3 +283,40 @@ def test_the_underlay_carries_the_networks_vni(fabric, cloud):
     assert outer, out
     assert f"{UNDERLAY['h1']}." in outer[0] and f"{UNDERLAY['h2']}.4789" in outer[0]
     assert f"vni {net_a.vni}" in outer[0]
+
+
+def test_a_shelved_vm_leaves_its_hosts_network_and_is_reached_where_unshelved(fabric, cloud):
+    hosts, _alpha, _beta, net_a, _net_b = cloud
+    alpha = net_a.project
+    a1 = services.port_create(
+        network=net_a, host=hosts["h1"], binding="veth", binding_netns=ns("a1")
+    )
+    vm, port = vm_on(alpha, net_a, "web")
+    stand_in(port, "va")
+    report(fresh(vm), "running")
+    converge(fabric, hosts)
+    configure("a1", Port.objects.get(pk=a1.pk))
+    configure("va", Port.objects.get(pk=port.pk))
+    address = port.fixed_ips.get().address
+    assert ping("a1", address)
+    first = fresh(vm).host
+    other = next(h for name, h in hosts.items() if name != "h3" and h.pk != first.pk)
+
+    compute.vm_shelve(vm=fresh(vm))
+    report(fresh(vm), "absent")
+    converge(fabric, hosts)
+    # The host it left took its side away: nothing of the VM is left in the fabric.
+    assert in_ns("va", "ip", "link", "show", "eth0", check=False).returncode != 0
+    for name in UNDERLAY:  # no host sends its MAC to a VTEP any more
+        fdb = in_ns(name, "bridge", "fdb", "show").stdout.splitlines()
+        assert not [line for line in fdb if port.mac in line and " dst " in line], name
+    assert not ping("a1", address)
+
+    compute.host_set_state(host=first, state="maintenance", reason="firmware")
+    compute.vm_unshelve(vm=fresh(vm))
+    assert fresh(vm).host_id == other.pk
+    converge(fabric, hosts)
+    configure("va", Port.objects.get(pk=port.pk))
+    in_ns("a1", "ip", "neigh", "flush", "all")
+    assert ping("a1", address)  # the same address, reached on its new host
+    assert converge(fabric, hosts) == 0
