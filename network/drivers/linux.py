@@ -271,7 +271,16 @@ class LinuxNetworkDriver(NetworkDriver):
             key=lambda name: order.get(name[:3], 2),
         )
         for name in stale:
-            self.nl.delete_link(links[name].index, name)
+            link = links[name]
+            if link.kind == "tun" and link.carrier:
+                # Held by an open file: a guest's QEMU. Deleting it would cut that guest
+                # off for good (a tap made again is not the one QEMU holds). The state
+                # being applied is older than the guest (a VM placed here again while
+                # this host still applies its leaving); the next state names the tap,
+                # and a tap nobody holds any more goes at the next resync.
+                log.warning("tap %s is held (a guest runs on it): left in place", name)
+                continue
+            self.nl.delete_link(link.index, name)
             result.removed.append(name)
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
@@ -247,6 +248,40 @@ def test_a_tap_port_for_a_vm_joins_its_bridge_and_converges_once(fabric, converg
     assert "tun type tap" in details and f"master {bridge_name(VNI_B)}" in details
     assert "mtu 1450" in details
     assert fabric["h3"].resync(with_tap).writes == 0
+    assert fabric["h3"].resync(state).removed == [tap.name]
+
+
+HOLD_TAP = (
+    "import fcntl, os, struct, sys, time\n"
+    "fd = os.open('/dev/net/tun', os.O_RDWR)\n"
+    "fcntl.ioctl(fd, 0x400454CA, struct.pack('16sH', sys.argv[1].encode(), 0x0002 | 0x1000))\n"
+    "print('held', flush=True)\n"
+    "time.sleep(120)\n"
+)  # TUNSETIFF with IFF_TAP | IFF_NO_PI: what QEMU does with a guest's tap
+
+
+def test_a_tap_a_guest_holds_outlives_a_state_without_it_and_goes_once_let_go(fabric, converged):
+    # A VM placed here again while the host still applies the state of its leaving: its
+    # new QEMU holds the tap before the state that names it again arrives.
+    state = desired("h3")
+    tap = Port(port_id=f"held{TAG}", vni=VNI_B, mac=mac(10), kind="tap")
+    with_tap = HostNetworks(
+        networks=state.networks, ports=(*state.ports, tap), underlay_device="ul0"
+    )
+    assert tap.name in fabric["h3"].resync(with_tap).created
+    qemu = subprocess.Popen(
+        ["ip", "netns", "exec", ns("h3"), sys.executable, "-c", HOLD_TAP, tap.name],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert qemu.stdout.readline().strip() == "held"
+        assert fabric["h3"].resync(state).removed == []  # left to the guest holding it
+        assert "NO-CARRIER" not in sh("ip", "-n", ns("h3"), "link", "show", tap.name).stdout
+        assert fabric["h3"].resync(with_tap).created == []  # the same tap, bridged again
+    finally:
+        qemu.kill()
+        qemu.wait()
     assert fabric["h3"].resync(state).removed == [tap.name]
 
 
