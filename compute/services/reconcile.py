@@ -378,18 +378,21 @@ def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
             state__in=[VmState.EVICTED, VmState.SHELVED],
         ).exists():
             continue  # an evicted VM's stopped guest: kept until it starts elsewhere
+        gone = (
+            VirtualMachine.objects.filter(pk=_uuid_or_none(vm_id), state=VmState.DELETED)
+            .values_list("generation", "deleted_at")
+            .first()
+        )
+        if gone is not None and gone[1] is not None and sent_at <= gone[1]:
+            # Taken before its VM's deletion ended (a report the broker held back): the
+            # guest it saw is the one the deletion took away. The next report decides.
+            continue
         orphan = orphans.get(vm_id) or OrphanGuest.objects.create(
             host=obj, vm_id=vm_id, first_seen_at=now
         )
         # A guest seen after its VM was deleted came back (a late message): it holds
         # devices the VM gave back, so it goes at once, not after the orphan grace.
-        deleted = (
-            VirtualMachine.objects.filter(
-                pk=_uuid_or_none(vm_id), state=VmState.DELETED, deleted_at__lt=sent_at
-            )
-            .values_list("generation", flat=True)
-            .first()
-        )
+        deleted = gone[0] if gone is not None else None
         if deleted is not None or now - orphan.first_seen_at >= timedelta(
             seconds=settings.ORPHAN_GRACE_S
         ):

@@ -14,12 +14,13 @@ from compute import host_tasks, services
 from compute.choices import VmState
 from compute.drivers.applied import KEEP_TOMBSTONES_S, AppliedStore
 from compute.drivers.base import GuestNotFound
+from compute.models import OrphanGuest
 from compute.protocol import ABSENT, VmApply
 from compute.services.lifecycle import current_operation
 from controlplane.agent import reports, runtime
 from controlplane.agent.config import AgentConfig
 from tests.compute.test_host_tasks import VM, message
-from tests.compute.test_vms import fresh
+from tests.compute.test_vms import fresh, report
 from tests.factories import make_host, make_template, make_vm
 
 
@@ -155,3 +156,20 @@ def test_a_guest_reported_for_a_deleted_vm_is_destroyed_at_once(project, sent, s
     destroy = sent[-1][2]
     assert destroy["vm_id"] == str(vm.pk) and destroy["desired"] == "absent"
     assert destroy["generation"] > vm.generation
+
+
+@pytest.mark.django_db
+def test_a_report_taken_before_a_vms_deletion_ended_makes_no_orphan(project, sent):
+    host = make_host()
+    vm = make_vm(project, template=make_template(gpus=1))
+    report(fresh(vm), "running")
+    guest = {"vm_id": str(vm.pk), "generation": fresh(vm).generation, "power": "running"}
+    taken = timezone.now()
+    vm, _ = services.vm_delete(vm=fresh(vm))
+    report(fresh(vm), "absent")  # the agent's answer to the delete ends it
+    assert fresh(vm).state == VmState.DELETED
+    # The guests report taken before that answer arrives after it (the broker held it
+    # back): the guest it saw is the one the deletion took away.
+    done = services.guests_reported(host=host.name, payload={"guests": [guest]}, sent_at=taken)
+    assert done["orphans_destroyed"] == []
+    assert not OrphanGuest.objects.filter(vm_id=str(vm.pk)).exists()
