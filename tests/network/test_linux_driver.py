@@ -237,12 +237,14 @@ def test_an_index_taken_behind_the_agents_back_falls_back_to_the_kernels_choice(
         sh("ip", "-n", ns("h3"), "link", "del", "other0")
 
 
+def with_port(state: HostNetworks, port: Port) -> HostNetworks:
+    return HostNetworks(networks=state.networks, ports=(*state.ports, port), underlay_device="ul0")
+
+
 def test_a_tap_port_for_a_vm_joins_its_bridge_and_converges_once(fabric, converged):
     state = desired("h3")
     tap = Port(port_id=f"vm{TAG}", vni=VNI_B, mac=mac(9), kind="tap")
-    with_tap = HostNetworks(
-        networks=state.networks, ports=(*state.ports, tap), underlay_device="ul0"
-    )
+    with_tap = with_port(state, tap)
     assert tap.name in fabric["h3"].resync(with_tap).created
     details = sh("ip", "-d", "-n", ns("h3"), "link", "show", tap.name).stdout
     assert "tun type tap" in details and f"master {bridge_name(VNI_B)}" in details
@@ -265,9 +267,7 @@ def test_a_tap_a_guest_holds_outlives_a_state_without_it_and_goes_once_let_go(fa
     # new QEMU holds the tap before the state that names it again arrives.
     state = desired("h3")
     tap = Port(port_id=f"held{TAG}", vni=VNI_B, mac=mac(10), kind="tap")
-    with_tap = HostNetworks(
-        networks=state.networks, ports=(*state.ports, tap), underlay_device="ul0"
-    )
+    with_tap = with_port(state, tap)
     assert tap.name in fabric["h3"].resync(with_tap).created
     qemu = subprocess.Popen(
         ["ip", "netns", "exec", ns("h3"), sys.executable, "-c", HOLD_TAP, tap.name],
