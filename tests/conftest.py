@@ -7,6 +7,7 @@ from rest_framework.test import APIClient
 
 from tenants.choices import Role
 from tests.factories import UserFactory, add_member, make_project, token_for
+from tests.testdb import flush_by_delete
 
 POSTGRES = os.environ.get("DATABASE_URL", "").startswith(("postgres", "postgresql"))
 
@@ -87,6 +88,8 @@ def pytest_configure(config):
 
     # Hashing passwords properly is slow by design; tests make many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    if POSTGRES:
+        flush_by_delete()
 
 
 def _free_port() -> int:
