@@ -37,6 +37,7 @@ from tests.factories import (
     make_template,
     make_vm,
 )
+from tests.testdb import module_rows
 
 PASSWORD = "correct-horse-battery-staple"  # tests/factories.py
 
@@ -217,11 +218,19 @@ def _ssh_public_key() -> str:
     ).decode()
 
 
-@pytest.fixture
-def world(db):
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker):
     """A staff user who owns a project with another member (an institutional reviewer), an
     SSH key, a host, an operation and audit events; a user in no project; and a bearer token
-    for the staff user."""
+    for the staff user. Made once for the module: each example runs in a savepoint rolled
+    back afterwards, so no test changes what the next one sees."""
+    with module_rows(django_db_blocker):
+        with django_db_blocker.unblock():
+            headers = _world()
+        yield headers
+
+
+def _world():
     staff = UserFactory(username="fuzz-staff", is_staff=True, is_superuser=True)
     outsider = UserFactory(username="fuzz-outsider")
     project = make_project(owner=staff, slug="fuzz-project")
@@ -352,7 +361,7 @@ def _point_at_real_objects(case, data) -> None:
     suppress_health_check=list(HealthCheck),
     database=None,
 )
-def test_api(case, data, world, same_connection):
+def test_api(case, data, db, world, same_connection):
     _point_at_real_objects(case, data)
     # Each example runs in a savepoint rolled back afterwards: no example sees another's writes
     # (a deleted project, a revoked token, django-axes' failed logins).

@@ -3,10 +3,12 @@ many: no query per row. Endpoints are found on the routers, so a new one is cove
 fails here until the seed below gives it rows)."""
 
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -16,6 +18,7 @@ from controlplane.api.urls import admin_router, project_router, user_router
 from controlplane.services import operation_create
 from tenants import services as tenants
 from tests.factories import (
+    UserFactory,
     add_member,
     enroll_network,
     make_host,
@@ -27,6 +30,7 @@ from tests.factories import (
     make_vm,
 )
 from tests.tenants.test_sshkeys import _openssh_public
+from tests.testdb import module_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -41,8 +45,24 @@ def list_endpoints():
                 yield basename
 
 
-@pytest.fixture
-def seeded(staff, monkeypatch, settings):
+@dataclass
+class Seeded:
+    project: object  # the staff user's project, with rows of every kind
+    staff: object
+
+
+@pytest.fixture(scope="module")
+def seeded(django_db_setup, django_db_blocker):
+    """Three rows at least of every list, made once for the module (each test runs in a
+    savepoint and leaves them as they were)."""
+    with module_rows(django_db_blocker), pytest.MonkeyPatch.context() as patch:
+        with django_db_blocker.unblock():
+            staff = UserFactory(is_staff=True, is_superuser=True)
+            project = _seed(staff, patch)
+        yield Seeded(project=project, staff=staff)
+
+
+def _seed(staff, patch):
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     project = make_project(owner=staff)
@@ -70,7 +90,7 @@ def seeded(staff, monkeypatch, settings):
         operation_create(kind="test", target=host)
         operation_create(kind="test", target=project, project=project)
         _seed_network(project, host, n)
-        _seed_storage(project, host, n, monkeypatch, settings)
+        _seed_storage(project, host, n, patch)
         _seed_billing(project, n)
         _seed_access(project, staff, n)
     return project
@@ -116,16 +136,17 @@ def _seed_billing(project, n):
     billing.points_credit(project=project, amount=10)
 
 
-def _seed_storage(project, host, n, monkeypatch, settings):
+def _seed_storage(project, host, n, patch):
     from storage import services as storage
     from storage.drivers.fake import FakeObjectStore
 
     if n == 0:
         store = FakeObjectStore()
-        monkeypatch.setattr(storage, "object_store", lambda: store)
-        settings.SHARE_TIERS = {"fast": {"backend": "nfs", "host": host.name, "source": "n:/x"}}
+        patch.setattr(storage, "object_store", lambda: store)
     storage.volume_create(project=project, name=f"vol{n}", size_gib=1)
-    storage.share_create(project=project, name=f"share{n}", tier="fast", quota_gib=1)
+    tiers = {"fast": {"backend": "nfs", "host": "h-0", "source": "n:/x"}}
+    with override_settings(SHARE_TIERS=tiers):
+        storage.share_create(project=project, name=f"share{n}", tier="fast", quota_gib=1)
     storage.bucket_create(project=project, name=f"bucket-{n}", quota_gib=1)
     storage.access_key_create(project=project)
 
@@ -156,10 +177,10 @@ def _seed_network(project, host, n):
 
 
 @pytest.mark.parametrize("basename", sorted(list_endpoints()))
-def test_list_queries_do_not_grow_with_the_page(client_for, staff, seeded, basename):
-    kwargs = {"project_slug": seeded.slug} if basename.startswith("project-") else {}
+def test_list_queries_do_not_grow_with_the_page(client_for, seeded, basename):
+    kwargs = {"project_slug": seeded.project.slug} if basename.startswith("project-") else {}
     url = reverse(f"api:{basename}-list", kwargs=kwargs)
-    api = client_for(staff)
+    api = client_for(seeded.staff)
     api.get(url)  # warm up: the token's first use records its last-used time
 
     def run(page_size):
@@ -242,15 +263,15 @@ def _answer(api, url, params=None):
 
 @pytest.mark.parametrize("basename", sorted(set(list_endpoints())))
 def test_the_read_path_answers_byte_for_byte_as_the_serializer(
-    client_for, staff, seeded, basename, monkeypatch
+    client_for, seeded, basename, monkeypatch
 ):
     """Lists and details answered from a read plan (``controlplane.api.fastread``) are the
     same bytes as DRF's serializer gives for the same rows."""
     from controlplane.api import fastread
 
-    kwargs = {"project_slug": seeded.slug} if basename.startswith("project-") else {}
+    kwargs = {"project_slug": seeded.project.slug} if basename.startswith("project-") else {}
     url = reverse(f"api:{basename}-list", kwargs=kwargs)
-    api = client_for(staff)
+    api = client_for(seeded.staff)
     api.get(url)  # the token's first use records its last-used time
     planned = _answer(api, url, {"page_size": 50})
     rows = json.loads(planned)["results"]
