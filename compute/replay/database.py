@@ -2,48 +2,100 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from contextlib import contextmanager
 
+#: Migrated databases kept for the process's next throwaway one, by server: a database name
+#: on PostgreSQL (cloned with ``CREATE DATABASE … TEMPLATE``), a file on SQLite (copied).
+_TEMPLATES: dict[tuple, str] = {}
+
 
 @contextmanager
-def throwaway_database():
+def throwaway_database(*, reuse_migrations: bool = False):
     """Point Django's default connection at a new, migrated, empty database for the block,
     and drop it afterwards whatever happens: on PostgreSQL a new database on the same
     server (``kumo_replay_<random>``, whose commits do not wait for the disk: nothing in it
-    outlives the replay), on SQLite a temporary file."""
-    from django.core.management import call_command
+    outlives the replay), on SQLite a temporary file.
+
+    ``reuse_migrations``: for a process that replays more than once (the test suite, a
+    bench). The first database is migrated as a template kept until the process exits, and
+    each one is a copy of it: seconds of migrations, paid once."""
     from django.db import connections
 
     settings = connections.databases["default"]
     before = dict(settings)
     connections["default"].close()
     vendor = connections["default"].vendor
-    tmp = None
     name = f"kumo_replay_{uuid.uuid4().hex[:10]}"
+    template = _template(before, vendor) if reuse_migrations else None
+    tmp = None
     if vendor == "postgresql":
-        _admin(before, f"CREATE DATABASE {name}")
+        _admin(before, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
         # Thrown away at the end: a commit need not wait for its WAL to reach the disk.
         _admin(before, f"ALTER DATABASE {name} SET synchronous_commit = off")
         settings["NAME"] = name
     else:
         fd, tmp = tempfile.mkstemp(prefix="kumo-replay-", suffix=".sqlite3")
         os.close(fd)
+        if template:
+            shutil.copyfile(template, tmp)
         settings["NAME"] = tmp
     connections["default"].settings_dict.update(settings)
     try:
-        call_command("migrate", interactive=False, verbosity=0)
+        if not template:
+            _migrate()
         yield name if tmp is None else tmp
     finally:
-        connections["default"].close()
-        connections["default"].settings_dict.update(before)
-        settings.update(before)
+        _restore(before)
         if tmp is None:
             _admin(before, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         else:
             os.unlink(tmp)
+
+
+def _migrate() -> None:
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+def _restore(before: dict) -> None:
+    from django.db import connections
+
+    connections["default"].close()
+    connections["default"].settings_dict.update(before)
+    connections.databases["default"].update(before)
+
+
+def _template(before: dict, vendor: str) -> str:
+    """The process's migrated template for the server of ``before``, made on first use and
+    removed when the process exits."""
+    from django.db import connections
+
+    key = (vendor, before.get("HOST"), before.get("PORT"), before.get("NAME"))
+    if key in _TEMPLATES:
+        return _TEMPLATES[key]
+    settings = connections.databases["default"]
+    if vendor == "postgresql":
+        template = f"kumo_replay_template_{uuid.uuid4().hex[:10]}"
+        _admin(before, f"CREATE DATABASE {template}")
+        atexit.register(_admin, before, f"DROP DATABASE IF EXISTS {template} WITH (FORCE)")
+    else:
+        fd, template = tempfile.mkstemp(prefix="kumo-replay-template-", suffix=".sqlite3")
+        os.close(fd)
+        atexit.register(lambda: os.path.exists(template) and os.unlink(template))
+    settings["NAME"] = template
+    connections["default"].settings_dict.update(settings)
+    try:
+        _migrate()
+    finally:
+        _restore(before)  # no session left on the template: it can be copied
+    _TEMPLATES[key] = template
+    return template
 
 
 def _admin(settings: dict, sql: str) -> None:

@@ -234,10 +234,33 @@ def test_a_trace_replayed_twice_places_every_job_alike(tmp_path):
         runs.append((hosts, figures))
 
     replayed()  # on the test's database
-    with throwaway_database():  # and on a new one
+    with throwaway_database(reuse_migrations=True):  # and on a new one
         replayed()
     assert runs[0] == runs[1]
     assert len(set(runs[0][0].values())) >= 2  # hosts were chosen among, at random but seeded
+
+
+def test_throwaway_databases_copied_from_one_migration_are_each_migrated_and_empty():
+    """A process that replays more than once migrates once: each throwaway database after
+    the first is a copy of a migrated template, never of the database before it."""
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from compute.replay import database
+    from tenants.models import Project
+    from tests.factories import make_project
+
+    names = []
+    for n in range(2):
+        with database.throwaway_database(reuse_migrations=True) as name:
+            names.append(name)
+            applied = set(MigrationRecorder(connection).applied_migrations())
+            assert not Project.objects.exists()
+            make_project(slug=f"left-by-replay-{n}")
+    assert names[0] != names[1] and len(database._TEMPLATES) == 1
+    [template] = database._TEMPLATES.values()
+    assert template not in names
+    assert applied == set(MigrationRecorder(connection).applied_migrations())  # all of them
 
 
 def test_a_replay_program_runs_with_the_fixed_string_hash_seed():

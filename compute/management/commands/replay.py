@@ -66,11 +66,13 @@ class Command(BaseCommand):
         program = sys.argv[1:2] == ["replay"]  # run as ``manage.py replay``, not by call_command
         if program:
             fixed_hash_seed()
-        # As a program, a SIGTERM still drops the throwaway database, as Ctrl-C does.
+        # As a program, a SIGTERM still drops the throwaway database, as Ctrl-C does. A
+        # program replays once; a process that calls the command more often (the test suite)
+        # migrates its throwaway databases once.
         with terminated_as_interrupted() if program else nullcontext():
-            self._replay(opts)
+            self._replay(opts, reuse_migrations=not program)
 
-    def _replay(self, opts):
+    def _replay(self, opts, *, reuse_migrations: bool):
         if opts["generate"]:
             n = traces.generate(
                 opts["trace"], days=opts["generate"], gpu_hosts=opts["gpu_hosts"], seed=opts["seed"]
@@ -99,7 +101,7 @@ class Command(BaseCommand):
             checkpoint_reports=not opts["no_checkpoint_reports"],
             progress=lambda message: self.stderr.write(f"replay: {message}"),
         )
-        with throwaway_database():
+        with throwaway_database(reuse_migrations=reuse_migrations):
             figures = replay.run()
         if opts["plot"]:
             replay.plot(opts["plot"])
