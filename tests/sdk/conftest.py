@@ -4,6 +4,7 @@ with moto's S3 + IAM server (``tests.storage``'s ``s3_server``) as its object st
 ``hosts`` adds the controller and a simulated host agent for a test that needs VMs to run.
 """
 
+import functools
 import os
 import secrets
 from dataclasses import dataclass
@@ -29,10 +30,16 @@ PASSWORD = "correct-horse-battery-staple"
 def can_log_in(user):
     """Give ``user`` the password ``PASSWORD``, hashed as the server checks it (the test
     process itself hashes with MD5, which gunicorn does not accept)."""
-    hasher = PBKDF2PasswordHasher()
-    user.password = hasher.encode(PASSWORD, hasher.salt())
+    user.password = _server_hash()
     user.save(update_fields=["password"])
     return user
+
+
+@functools.cache
+def _server_hash() -> str:
+    """``PASSWORD`` hashed once per run (a million PBKDF2 rounds take a third of a second)."""
+    hasher = PBKDF2PasswordHasher()
+    return hasher.encode(PASSWORD, hasher.salt())
 
 
 @dataclass
