@@ -224,9 +224,7 @@ def world(django_db_setup, django_db_blocker):
     SSH key, a host, an operation and audit events; a user in no project; and a bearer token
     for the staff user. Made once for the module: each example runs in a savepoint rolled
     back afterwards, so no test changes what the next one sees."""
-    with module_rows(django_db_blocker):
-        with django_db_blocker.unblock():
-            headers = _world()
+    with module_rows(django_db_blocker, _world) as headers:
         yield headers
 
 

@@ -55,16 +55,17 @@ class Seeded:
 def seeded(django_db_setup, django_db_blocker):
     """Three rows at least of every list, made once for the module (each test runs in a
     savepoint and leaves them as they were)."""
-    with module_rows(django_db_blocker), pytest.MonkeyPatch.context() as patch:
-        with django_db_blocker.unblock():
-            staff = UserFactory(is_staff=True, is_superuser=True)
-            project = _seed(staff, patch)
-        yield Seeded(project=project, staff=staff)
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        module_rows(django_db_blocker, lambda: _seed(patch)) as seeded,
+    ):
+        yield seeded
 
 
-def _seed(staff, patch):
+def _seed(patch) -> Seeded:
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
+    staff = UserFactory(is_staff=True, is_superuser=True)
     project = make_project(owner=staff)
     for n in range(3):
         make_project(owner=staff)
@@ -93,7 +94,7 @@ def _seed(staff, patch):
         _seed_storage(project, host, n, patch)
         _seed_billing(project, n)
         _seed_access(project, staff, n)
-    return project
+    return Seeded(project=project, staff=staff)
 
 
 def _seed_access(project, staff, n):

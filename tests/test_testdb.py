@@ -33,10 +33,8 @@ def test_the_flush_between_transactional_tests_empties_every_table():
 
 @pytest.fixture(scope="module")
 def shared(django_db_setup, django_db_blocker):
-    with module_rows(django_db_blocker):
-        with django_db_blocker.unblock():
-            project = make_project(slug="shared-by-the-module")
-        yield project
+    with module_rows(django_db_blocker, lambda: make_project(slug="shared-by-the-module")) as p:
+        yield p
 
 
 @pytest.mark.django_db

@@ -44,14 +44,16 @@ def flush_by_delete() -> None:
 
 
 @contextmanager
-def module_rows(django_db_blocker):
-    """Open the module's transaction; what is written inside the ``with`` stays for each of
-    the module's tests, and is rolled back at its end."""
+def module_rows(django_db_blocker, make):
+    """Open the module's transaction and call ``make()`` in it: what it returns, and the
+    rows it wrote, stay for each of the module's tests, and are rolled back at its end."""
     with django_db_blocker.unblock():
         outer = transaction.atomic()
         outer.__enter__()
     try:
-        yield
+        with django_db_blocker.unblock():
+            made = make()
+        yield made
     finally:
         with django_db_blocker.unblock():
             transaction.set_rollback(True)

@@ -21,40 +21,56 @@ def throwaway_database(*, reuse_migrations: bool = False):
     server (``kumo_replay_<random>``, whose commits do not wait for the disk: nothing in it
     outlives the replay), on SQLite a temporary file.
 
-    ``reuse_migrations``: for a process that replays more than once (the test suite, a
-    bench). The first database is migrated as a template kept until the process exits, and
-    each one is a copy of it: seconds of migrations, paid once."""
+    ``reuse_migrations``: for a process that replays more than once (the test suite). The
+    first database is migrated as a template kept until the process exits, and each one is
+    a copy of it: seconds of migrations, paid once."""
     from django.db import connections
 
-    settings = connections.databases["default"]
-    before = dict(settings)
+    before = dict(connections.databases["default"])
     connections["default"].close()
     vendor = connections["default"].vendor
-    name = f"kumo_replay_{uuid.uuid4().hex[:10]}"
     template = _template(before, vendor) if reuse_migrations else None
-    tmp = None
+    name = _create(before, vendor, template=template)
+    _point_at(name)
+    try:
+        if template is None:
+            _migrate()
+        yield name
+    finally:
+        connections["default"].close()
+        _point_at(before["NAME"])
+        _drop(before, vendor, name)
+
+
+def _create(before: dict, vendor: str, *, template: str | None = None) -> str:
+    """A new database beside the one of ``before``, empty or a copy of ``template``: its
+    name on PostgreSQL, its file on SQLite."""
     if vendor == "postgresql":
+        name = f"kumo_replay_{uuid.uuid4().hex[:10]}"
         _admin(before, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
         # Thrown away at the end: a commit need not wait for its WAL to reach the disk.
         _admin(before, f"ALTER DATABASE {name} SET synchronous_commit = off")
-        settings["NAME"] = name
-    else:
-        fd, tmp = tempfile.mkstemp(prefix="kumo-replay-", suffix=".sqlite3")
-        os.close(fd)
-        if template:
-            shutil.copyfile(template, tmp)
-        settings["NAME"] = tmp
-    connections["default"].settings_dict.update(settings)
-    try:
-        if not template:
-            _migrate()
-        yield name if tmp is None else tmp
-    finally:
-        _restore(before)
-        if tmp is None:
-            _admin(before, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        else:
-            os.unlink(tmp)
+        return name
+    fd, name = tempfile.mkstemp(prefix="kumo-replay-", suffix=".sqlite3")
+    os.close(fd)
+    if template:
+        shutil.copyfile(template, name)
+    return name
+
+
+def _drop(before: dict, vendor: str, name: str) -> None:
+    if vendor == "postgresql":
+        _admin(before, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    elif os.path.exists(name):
+        os.unlink(name)
+
+
+def _point_at(name: str) -> None:
+    """Django's default connection (closed) now opens database ``name``."""
+    from django.db import connections
+
+    connections.databases["default"]["NAME"] = name
+    connections["default"].settings_dict["NAME"] = name
 
 
 def _migrate() -> None:
@@ -63,39 +79,23 @@ def _migrate() -> None:
     call_command("migrate", interactive=False, verbosity=0)
 
 
-def _restore(before: dict) -> None:
-    from django.db import connections
-
-    connections["default"].close()
-    connections["default"].settings_dict.update(before)
-    connections.databases["default"].update(before)
-
-
 def _template(before: dict, vendor: str) -> str:
     """The process's migrated template for the server of ``before``, made on first use and
-    removed when the process exits."""
+    dropped when the process exits."""
     from django.db import connections
 
     key = (vendor, before.get("HOST"), before.get("PORT"), before.get("NAME"))
-    if key in _TEMPLATES:
-        return _TEMPLATES[key]
-    settings = connections.databases["default"]
-    if vendor == "postgresql":
-        template = f"kumo_replay_template_{uuid.uuid4().hex[:10]}"
-        _admin(before, f"CREATE DATABASE {template}")
-        atexit.register(_admin, before, f"DROP DATABASE IF EXISTS {template} WITH (FORCE)")
-    else:
-        fd, template = tempfile.mkstemp(prefix="kumo-replay-template-", suffix=".sqlite3")
-        os.close(fd)
-        atexit.register(lambda: os.path.exists(template) and os.unlink(template))
-    settings["NAME"] = template
-    connections["default"].settings_dict.update(settings)
-    try:
-        _migrate()
-    finally:
-        _restore(before)  # no session left on the template: it can be copied
-    _TEMPLATES[key] = template
-    return template
+    if key not in _TEMPLATES:
+        template = _create(before, vendor)
+        atexit.register(_drop, before, vendor, template)
+        _point_at(template)
+        try:
+            _migrate()
+        finally:
+            connections["default"].close()  # no session left on the template: it can be copied
+            _point_at(before["NAME"])
+        _TEMPLATES[key] = template
+    return _TEMPLATES[key]
 
 
 def _admin(settings: dict, sql: str) -> None:
