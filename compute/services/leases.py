@@ -35,6 +35,15 @@ What a lease holds, and when:
   nothing and its VMs start at once.
 - **Ending** (``KUMO_LEASE_LEAD_S`` before its end): its project is told (an event, mail
   and webhooks) which VMs will be shelved.
+- **A host leaves service** (down, in maintenance or draining) while the lease holds GPUs
+  there (``leases_tick``, while it is preparing or active): the lease takes hold of as
+  many GPUs elsewhere (chosen as at its start, whole hosts for a lease of whole hosts, the
+  spot VMs on them noticed) and lets go of those it held on that host, keeping only the
+  ones its own VMs still use there (let go once those VMs leave it). So it holds its size
+  in GPUs that can run something; its bill does not change. A lease that finds too few
+  (and one that held too few at its start) tries again at every tick, keeping what it
+  held meanwhile, and says so once (``lease.at_risk``) until its holding changes again.
+  A host that returns to service finds the GPUs it lost taken by the lease no more.
 - **Ended** (at its end, or when cancelled): its running VMs are shelved (their disks are
   kept; unshelved later they are ordinary requests), the ones still waiting become
   ordinary requests, its GPUs are let go and its bill stops.
@@ -61,7 +70,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q
+from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 
 from compute import guarantees, placement
@@ -603,8 +612,6 @@ def _let_go(lease: Lease, gpus: int, now: datetime) -> None:
     """Hold at most ``gpus`` of the GPUs ``lease`` holds: let go of ones none of its VMs
     use, free ones first (a spot VM borrowing one runs on as any spot VM); 409 when its
     VMs use more."""
-    from compute.services import spot
-
     rows = list(Device.objects.filter(lease=lease).values_list("pk", "vm_id", "vm__lease_id"))
     used = sum(vm is not None and vm_lease == lease.pk for _pk, vm, vm_lease in rows)
     if used > gpus:
@@ -616,8 +623,15 @@ def _let_go(lease: Lease, gpus: int, now: datetime) -> None:
         )
     spare = sorted((vm is not None, pk) for pk, vm, vm_lease in rows if vm_lease != lease.pk)
     going = [pk for _borrowed, pk in spare[: max(0, len(rows) - gpus)]]
-    if not going:
-        return
+    if going:
+        _release(lease, going, now)
+
+
+def _release(lease: Lease, going: list[int], now: datetime) -> None:
+    """Let go of ``lease``'s GPUs ``going`` from ``now``: their allocations not begun are
+    dropped, the others end now."""
+    from compute.services import spot
+
     Device.objects.filter(pk__in=going).update(lease=None)
     LeaseAllocation.objects.filter(lease=lease, device__in=going, starts_at__gte=now).delete()
     LeaseAllocation.objects.filter(lease=lease, device__in=going).update(ends_at=now)
@@ -662,7 +676,7 @@ def leases_tick(*, now: datetime | None = None) -> dict:
     """Beat's pass (and the replay's): each lease that is due moves on one step, each in
     its own transaction. Returns how many leases did what."""
     now = now or timezone.now()
-    done = {"prepared": 0, "started": 0, "warned": 0, "ended": 0}
+    done = {"prepared": 0, "started": 0, "warned": 0, "ended": 0, "healed": 0}
     live = Lease.objects.filter(state__in=HOLDING)
     for pk in live.filter(ends_at__lte=now).values_list("pk", flat=True):
         done["ended"] += _step(pk, lambda lease: _finish(lease, state=LeaseState.ENDED, at=now))
@@ -677,6 +691,8 @@ def leases_tick(*, now: datetime | None = None) -> dict:
     )
     for pk in due.values_list("pk", flat=True):
         done["warned"] += _step(pk, lambda lease: _warn(lease, now))
+    for pk in _to_heal(live, now).values_list("pk", flat=True):
+        done["healed"] += _step(pk, lambda lease: _heal(lease, now))
     return done
 
 
@@ -846,6 +862,80 @@ def _start(lease: Lease, now: datetime) -> None:
         f"{lease.ends_at.isoformat()}",
         payload={"lease": lease.pk, "ends_at": lease.ends_at.isoformat()},
     )
+
+
+_IN_SERVICE = Q(devices__host__state=HostState.UP, devices__present=True)
+
+
+def _to_heal(live, now: datetime):
+    """The leases holding GPUs that hold fewer than their size in service (on hosts that
+    are up, present), or hold some out of service."""
+    return (
+        live.filter(state__in=(LeaseState.PREPARING, LeaseState.ACTIVE), ends_at__gt=now)
+        .annotate(in_service=Count("devices", filter=_IN_SERVICE), held=Count("devices"))
+        .filter(Q(in_service__lt=F("gpus")) | Q(held__gt=F("in_service")))
+        .order_by()
+    )
+
+
+def _heal(lease: Lease, now: datetime) -> None:
+    """Hold ``lease``'s size (its row locked) in GPUs in service: take hold of the ones
+    missing, then let go of as many out of service as were found (never one its own VMs
+    use; of a lease of whole hosts, only whole hosts). Says when it holds too few."""
+    rows = list(
+        Device.objects.filter(lease=lease)
+        .values_list("pk", "host_id", "host__name", "host__state", "present", "vm__lease_id")
+        .order_by("host_id", "pk")
+    )
+    in_service = sum(state == HostState.UP and present for _, _, _, state, present, _ in rows)
+    out = [row for row in rows if not (row[3] == HostState.UP and row[4])]
+    used = {host_id for _, host_id, _, _, _, vm_lease in out if vm_lease == lease.pk}
+    spare = [
+        (pk, name)
+        for pk, host_id, name, _, _, vm_lease in out
+        if vm_lease != lease.pk and (lease.hosts is None or host_id not in used)
+    ]
+    start = max(lease.starts_at, now)
+    held: list[Device] = []
+    if in_service < lease.gpus:
+        guarantees._advisory_lock(f"kumo.guarantee.gpu.{lease.gpu_model}")
+        chosen = _choose_devices(lease, lease.gpus - in_service, start)
+        held = _hold(lease, chosen, start) if chosen else []
+        if held is None:
+            return  # another lease took one meanwhile: the next tick chooses again
+    going = spare if in_service + len(held) >= lease.gpus else spare[: len(held)]
+    if going:
+        _release(lease, [pk for pk, _ in going], now)
+    noticed = 0
+    if held:
+        why = f"its GPUs are reserved by a lease from {start:%H:%M:%S}"
+        noticed = _notify_spot([d.vm_id for d in held if d.vm_id is not None], now, why=why)
+    holding = in_service + len(held)
+    before, lease.state_reason = (
+        lease.state_reason,
+        f"holding {holding} of {lease.gpus} GPUs" if holding < lease.gpus else "",
+    )
+    if lease.state_reason != before:
+        lease.save(update_fields=["state_reason"])
+    if held or going:
+        left = sorted({name for _, name in going})
+        audit.record(
+            "lease.heal",
+            lease,
+            project=lease.project,
+            detail={"held": len(held), "let_go": len(going), "hosts_left": left,
+                    "spot_noticed": noticed},
+        )  # fmt: skip
+        _announce(
+            lease,
+            f"lease {lease.name} took hold of {len(held)} GPUs in place of ones on hosts that "
+            f"left service ({', '.join(left) or 'none let go yet'})",
+            held=len(held),
+            let_go=len(going),
+            hosts_left=left,
+        )
+    if holding < lease.gpus and lease.state_reason != before:
+        _at_risk(lease, holding)
 
 
 def _warn(lease: Lease, now: datetime) -> None:
