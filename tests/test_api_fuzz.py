@@ -219,12 +219,12 @@ def _ssh_public_key() -> str:
 
 
 @pytest.fixture(scope="module")
-def world(django_db_setup, django_db_blocker):
+def world(request, django_db_setup, django_db_blocker):
     """A staff user who owns a project with another member (an institutional reviewer), an
     SSH key, a host, an operation and audit events; a user in no project; and a bearer token
     for the staff user. Made once for the module: each example runs in a savepoint rolled
     back afterwards, so no test changes what the next one sees."""
-    with module_rows(django_db_blocker, _world) as headers:
+    with module_rows(request, django_db_blocker, _world) as headers:
         yield headers
 
 

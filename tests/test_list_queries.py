@@ -52,12 +52,12 @@ class Seeded:
 
 
 @pytest.fixture(scope="module")
-def seeded(django_db_setup, django_db_blocker):
+def seeded(request, django_db_setup, django_db_blocker):
     """Three rows at least of every list, made once for the module (each test runs in a
     savepoint and leaves them as they were)."""
     with (
         pytest.MonkeyPatch.context() as patch,
-        module_rows(django_db_blocker, lambda: _seed(patch)) as seeded,
+        module_rows(request, django_db_blocker, lambda: _seed(patch)) as seeded,
     ):
         yield seeded
 

@@ -1,39 +1,21 @@
-"""The suite's cheap uses of its test database (tests/testdb.py) leave each test what Django
-would: an empty database after a transactional test, and a module's shared rows, untouched by
-the module's other tests."""
+"""A module's rows made once (tests/testdb.py) are seen by each of its tests as they were
+made, untouched by the module's other tests; a module with transactional tests cannot have
+them. (The flush between transactional tests: ``test_testdb_flush.py``.)"""
+
+import types
+from types import SimpleNamespace
 
 import pytest
-from django.apps import apps
-from django.core.management import call_command
-from django.db import connection
 
-from compute.models import VirtualMachine
 from tenants.models import Project
-from tests.factories import make_project, make_template, make_vm
+from tests.factories import make_project
 from tests.testdb import module_rows
-
-# The transactional test comes first: ``module_rows`` holds a transaction open from the first
-# test that asks for it to the end of the module.
-
-
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_the_flush_between_transactional_tests_empties_every_table():
-    assert connection.ops.sql_flush.__func__.by_delete
-    project = make_project()
-    make_vm(project, template=make_template(gpus=1))  # rows that point at each other
-    assert VirtualMachine.objects.exists()
-    # What TransactionTestCase runs after each test, without the rows post_migrate makes again.
-    call_command(
-        "flush", verbosity=0, interactive=False, reset_sequences=False, inhibit_post_migrate=True
-    )
-    left = [m.__name__ for m in apps.get_models() if m._meta.managed and m.objects.exists()]
-    assert left == []
 
 
 @pytest.fixture(scope="module")
-def shared(django_db_setup, django_db_blocker):
-    with module_rows(django_db_blocker, lambda: make_project(slug="shared-by-the-module")) as p:
+def shared(request, django_db_setup, django_db_blocker):
+    made = lambda: make_project(slug="shared-by-the-module")  # noqa: E731
+    with module_rows(request, django_db_blocker, made) as p:
         yield p
 
 
@@ -48,3 +30,36 @@ def test_a_test_sees_the_modules_rows_and_writes_its_own(shared):
 def test_the_next_test_sees_the_modules_rows_as_made_and_nothing_of_the_test_before(shared):
     assert Project.objects.get(pk=shared.pk).name != "changed by one test"
     assert not Project.objects.filter(slug="written-by-one-test").exists()
+
+
+class _Item:
+    """As much of a collected test as ``module_rows`` reads."""
+
+    def __init__(self, module, name, marker=None, fixturenames=()):
+        self.module, self.name, self.marker = module, name, marker
+        self.fixturenames = fixturenames
+
+    def get_closest_marker(self, name):
+        return self.marker if name == "django_db" else None
+
+
+@pytest.mark.parametrize(
+    "commits",
+    [
+        _Item(None, "test_commits", pytest.mark.django_db(transaction=True).mark),
+        _Item(None, "test_commits", fixturenames=("transactional_db",)),
+        _Item(None, "test_commits", fixturenames=("live_server",)),
+    ],
+    ids=["marker", "transactional_db", "live_server"],
+)
+def test_a_module_with_a_transactional_test_cannot_make_rows_once(commits, django_db_blocker):
+    module = types.ModuleType("tests.a_module")
+    commits.module = module
+    elsewhere = _Item(types.ModuleType("tests.b_module"), "test_elsewhere", commits.marker)
+    items = [_Item(module, "test_reads", pytest.mark.django_db().mark), commits, elsewhere]
+    request = SimpleNamespace(module=module, session=SimpleNamespace(items=items))
+    with (
+        pytest.raises(pytest.UsageError, match=r"\['test_commits'\]"),
+        module_rows(request, django_db_blocker, lambda: pytest.fail("made rows")),
+    ):
+        pass

@@ -10,13 +10,16 @@
   module instead of once per test (Django's ``TestCase.setUpTestData``): they are written in
   a transaction around the module's tests, each test runs in a savepoint inside it (as
   pytest-django runs any ``django_db`` test), and the transaction is rolled back after the
-  module's last test. Only for modules without transactional tests.
+  module's last test. Only for modules without transactional tests: pytest-django runs
+  those after every other test, and one that ran next to its module's last other test would
+  run inside the module's open transaction. ``module_rows`` refuses such a module.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
+import pytest
 from django.db import transaction
 from django.db.backends.postgresql.operations import DatabaseOperations
 
@@ -44,9 +47,20 @@ def flush_by_delete() -> None:
 
 
 @contextmanager
-def module_rows(django_db_blocker, make):
+def module_rows(request, django_db_blocker, make):
     """Open the module's transaction and call ``make()`` in it: what it returns, and the
-    rows it wrote, stay for each of the module's tests, and are rolled back at its end."""
+    rows it wrote, stay for each of the module's tests, and are rolled back at its end.
+    ``request``: the module fixture's, whose module must have no transactional test."""
+    transactional = [
+        item.name
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module and _transactional(item)
+    ]
+    if transactional:
+        raise pytest.UsageError(
+            f"{request.module.__name__} makes rows once for the module (module_rows) and has "
+            f"transactional tests, which would run inside its transaction: {transactional}"
+        )
     with django_db_blocker.unblock():
         outer = transaction.atomic()
         outer.__enter__()
@@ -58,3 +72,14 @@ def module_rows(django_db_blocker, make):
         with django_db_blocker.unblock():
             transaction.set_rollback(True)
             outer.__exit__(None, None, None)
+
+
+def _transactional(item) -> bool:
+    """Whether pytest-django runs ``item`` as a transactional test (as it orders them)."""
+    marker = item.get_closest_marker("django_db")
+    if marker is not None and (
+        marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")
+    ):
+        return True
+    fixtures = getattr(item, "fixturenames", ())
+    return "transactional_db" in fixtures or "live_server" in fixtures
