@@ -63,6 +63,7 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
+from controlplane import prepared
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,20 @@ LIVE_STATES = [
 
 
 # --- the view -----------------------------------------------------------------------------------
+
+
+_HOST_COLUMNS = (
+    "id",
+    "name",
+    "rack",
+    "vcpus",
+    "memory_mib",
+    "cpu_allocation_ratio",
+    "ram_allocation_ratio",
+    "vcpus_used",
+    "memory_mib_used",
+)
+_GPU_COLUMNS = ("host_id", "id", "numa_node", "model", "vm_id", "lease_id", "vm__priority")
 
 
 def _host_views(
@@ -103,42 +118,63 @@ def _host_views(
         .annotate(n=Count("pk"))
         .values("n")
     )
-    rows = list(
-        hosts.annotate(vfs_free=Subquery(free_vfs)).values(
-            "vfs_free",
-            "id",
-            "name",
-            "rack",
-            "vcpus",
-            "memory_mib",
-            "cpu_allocation_ratio",
-            "ram_allocation_ratio",
-            "vcpus_used",
-            "memory_mib_used",
-        )
-    )
-    capacity = {
-        row["id"]: (
-            int(row["vcpus"] * row["cpu_allocation_ratio"]),
-            int(row["memory_mib"] * row["ram_allocation_ratio"]),
-        )
-        for row in rows
-    }
-    views = {
-        row["id"]: HostView(
-            id=row["id"],
-            name=row["name"],
-            rack=row["rack"],
-            vcpus_free=capacity[row["id"]][0] - row["vcpus_used"],
-            memory_mib_free=capacity[row["id"]][1] - row["memory_mib_used"],
-            vfs_free=row["vfs_free"] or 0,
-        )
-        for row in rows
-    }
+    rows = hosts.annotate(vfs_free=Subquery(free_vfs)).values_list(*_HOST_COLUMNS, "vfs_free")
     gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
-    for host_id, device_id, cell, model, vm_id, held_for, priority in gpus.values_list(
-        "host_id", "id", "numa_node", "model", "vm_id", "lease_id", "vm__priority"
-    ).order_by():
+    return _views(
+        rows, gpus.values_list(*_GPU_COLUMNS).order_by(), lease_id=lease_id, lending=lending
+    )
+
+
+# One open host's view, as ``_host_views`` reads it, in two statements built once: the view
+# reads a host again after every release of a VM there, and the ORM would build and compile
+# the subqueries above each time (about 3 ms, more than the database takes to answer).
+_VF_PORT = Device._meta.get_field("port")
+_ONE_HOST = f"""
+SELECT {", ".join(f"h.{column}" for column in _HOST_COLUMNS)},
+    (SELECT count(*) FROM {Device._meta.db_table} d
+     WHERE d.host_id = h.id AND d.kind = '{DeviceKind.RDMA_VF.value}' AND d.vm_id IS NULL
+       AND d.present AND NOT EXISTS (
+           SELECT 1 FROM {_VF_PORT.related_model._meta.db_table} p
+           WHERE p.{_VF_PORT.field.column} = d.id))
+FROM {Host._meta.db_table} h
+WHERE h.id = %s AND h.state = '{HostState.UP.value}' AND NOT EXISTS (
+    SELECT 1 FROM {VirtualMachine._meta.db_table} v
+    WHERE v.state = '{VmState.PENDING.value}' AND v.reserved_host_id = h.id)
+"""
+_ONE_HOST_GPUS = f"""
+SELECT d.host_id, d.id, d.numa_node, d.model, d.vm_id, d.lease_id, v.priority
+FROM {Device._meta.db_table} d
+LEFT JOIN {VirtualMachine._meta.db_table} v ON v.id = d.vm_id
+WHERE d.host_id = %s AND d.kind = '{DeviceKind.GPU.value}' AND d.present
+"""
+
+
+def _open_host_view(host_id: int) -> list[HostView]:
+    """The view of host ``host_id`` if it is open to new requests (``_open_hosts``), as
+    ``_host_views(_open_hosts().filter(pk=host_id))`` makes it."""
+    rows = prepared.fetch(connection, _ONE_HOST, [host_id])
+    if not rows:
+        return []
+    return _views(rows, prepared.fetch(connection, _ONE_HOST_GPUS, [host_id]))
+
+
+def _views(
+    rows, gpu_rows, *, lease_id: int | None = None, lending: frozenset[int] = frozenset()
+) -> list[HostView]:
+    """Hosts' views from their rows (``_HOST_COLUMNS`` and the free VFs) and their GPUs'
+    (``_GPU_COLUMNS``), as ``_host_views`` says."""
+    capacity, views = {}, {}
+    for pk, name, rack, vcpus, memory, cpu_ratio, ram_ratio, vused, mused, vfs in rows:
+        capacity[pk] = (int(vcpus * cpu_ratio), int(memory * ram_ratio))
+        views[pk] = HostView(
+            id=pk,
+            name=name,
+            rack=rack,
+            vcpus_free=capacity[pk][0] - vused,
+            memory_mib_free=capacity[pk][1] - mused,
+            vfs_free=vfs or 0,
+        )
+    for host_id, device_id, cell, model, vm_id, held_for, priority in gpu_rows:
         host = views[host_id]
         host.gpus_on_demand += priority == Priority.ON_DEMAND
         cell = cell if cell is not None else 0
@@ -215,7 +251,7 @@ class _CachedView:
     def refresh_host(self, host_id: int) -> None:
         if self.scheduler is None:
             return
-        views = _host_views(_open_hosts().filter(pk=host_id))
+        views = _open_host_view(host_id)
         self.scheduler.remove(host_id)
         for view in views:
             self.scheduler.add(view)

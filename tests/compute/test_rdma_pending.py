@@ -18,11 +18,20 @@ from compute.protocol import VM_APPLY_TASK
 from controlplane.errors import Conflict
 from network import services as network
 from network.models import Port
+from tenants import services as tenants
+from tests.compute.test_guarantees import MODEL
 from tests.compute.test_spot import roomy as roomy
 from tests.compute.test_spot import world as world
 from tests.compute.test_vms import fresh, report
 from tests.compute.test_vms import sent as sent
-from tests.factories import enroll_network, make_host, make_network, make_template, make_vm
+from tests.factories import (
+    enroll_network,
+    make_host,
+    make_network,
+    make_project,
+    make_template,
+    make_vm,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -265,3 +274,41 @@ def test_an_evicted_spot_vm_gives_its_vfs_back_to_the_vm_it_made_room_for(projec
     assert (waiter.state, waiter.host_id) == (VmState.PROVISIONING, host.pk)
     taken = set(Port.objects.filter(vm=waiter).values_list("vf_id", flat=True))
     assert victim_vfs <= taken and len(taken) == vfs + 2
+
+
+def test_a_host_read_again_alone_is_the_view_a_load_of_the_fleet_makes_of_it(sent, committed):
+    """``refresh_host``'s own read (two statements built once) against the ORM's read of the
+    whole view, host by host: free VFs (a port holds some), GPUs a VM holds (on demand and
+    spot), GPUs a lease holds, a host handed over to a waiting VM, a host out of service."""
+    from compute.services import leases
+
+    project = make_project()
+    tenants.quota_set(project=project, vcpus=4096, memory_gib=16384, gpus=256, vms=256)
+    rdma, plain, handed, away = (
+        _rdma_host("gpu-a", "10.0.0.1"),
+        make_host("gpu-b"),
+        make_host("gpu-c"),
+        make_host("gpu-d"),
+    )
+    roce = make_network(project, "roce", kind="rdma", cidr="10.5.0.0/24")
+    committed(network.port_create, network=roce, host=rdma)
+    make_vm(project, template=make_template(gpus=2), nics=[{"network": roce}])
+    make_vm(project, template=make_template(gpus=1), priority=Priority.SPOT)
+    now = timezone.now()
+    services.lease_create(
+        project=project, name="held", gpus=2, gpu_model=MODEL,
+        starts_at=now + timedelta(minutes=5), ends_at=now + timedelta(hours=1),
+    )  # fmt: skip
+    leases.leases_tick(now=now + timedelta(minutes=5))
+    waiting = make_vm(project, template=make_template(gpus=8), name="waits")
+    VirtualMachine.objects.filter(pk=waiting.pk).update(
+        state=VmState.PENDING, host=None, reserved_host=handed
+    )  # as a hand-over of evictions leaves it
+    services.host_set_state(host=away, state=HostState.MAINTENANCE)
+
+    whole = {v.id: v for v in placement._host_views(placement._open_hosts())}
+    assert set(whole) == {rdma.pk, plain.pk}  # the one handed over and the one away are not
+    assert whole[rdma.pk].vfs_free == 15 and Device.objects.filter(lease__isnull=False).exists()
+    for host in Host.objects.all():
+        alone = placement._open_host_view(host.pk)
+        assert alone == ([whole[host.pk]] if host.pk in whole else []), host.name
