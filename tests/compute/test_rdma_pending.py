@@ -308,7 +308,8 @@ def test_a_host_read_again_alone_is_the_view_a_load_of_the_fleet_makes_of_it(sen
 
     whole = {v.id: v for v in placement._host_views(placement._open_hosts())}
     assert set(whole) == {rdma.pk, plain.pk}  # the one handed over and the one away are not
-    assert whole[rdma.pk].vfs_free == 15 and Device.objects.filter(lease__isnull=False).exists()
+    assert 0 < whole[rdma.pk].vfs_free < 16  # ports hold some of its 16
+    assert Device.objects.filter(lease__isnull=False).exists()
     for host in Host.objects.all():
         alone = placement._open_host_view(host.pk)
         assert alone == ([whole[host.pk]] if host.pk in whole else []), host.name
