@@ -261,6 +261,31 @@ def test_record_outside_a_request_is_the_systems(project):
     assert event.object_repr == project.slug
 
 
+def test_a_record_reads_back_from_the_database_as_it_was_written(project):
+    user = UserFactory(username="writer")
+    context = {"ip_address": "2001:db8::7", "request_id": "req-7", "source": AuditSource.API}
+    with audit.audit_context(actor=user, **context):
+        event = audit.record(
+            "test.write",
+            project,
+            project=project,
+            outcome=AuditOutcome.FAILED,
+            detail={"changed": ["name"], "n": 3, "nested": {"none": None, "text": "ä"}},
+        )
+    stored = AuditEvent.objects.get(pk=event.pk)
+    columns = [field.attname for field in AuditEvent._meta.concrete_fields]
+    assert [getattr(stored, c) for c in columns] == [getattr(event, c) for c in columns]
+    assert (stored.actor_id, stored.actor_name, stored.ip_address) == (
+        user.pk,
+        "writer",
+        "2001:db8::7",
+    )
+    assert stored.detail == {"changed": ["name"], "n": 3, "nested": {"none": None, "text": "ä"}}
+    assert stored.at is not None and not event._state.adding
+    second = audit.record("test.write", project)
+    assert second.pk > event.pk and second.project_id is None
+
+
 def test_audit_context_nests_and_restores():
     with audit.audit_context(source=AuditSource.CONTROLLER, request_id="outer"):
         with audit.audit_context(ip_address="192.0.2.1"):
