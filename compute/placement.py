@@ -63,7 +63,6 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
-from controlplane import prepared
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +126,11 @@ def _host_views(
 
 # One open host's view, as ``_host_views`` reads it, in two statements built once: the view
 # reads a host again after every release of a VM there, and the ORM would build and compile
-# the subqueries above each time (about 3 ms, more than the database takes to answer).
+# the subqueries above each time (about 3 ms, more than the database takes to answer). They
+# run on Django's own cursor, not as statements psycopg prepares: psycopg deallocates every
+# prepared statement of a connection once it has prepared one and sees a ``ROLLBACK``, which
+# a claim that lost its race sends, and that would take the claims' own with them
+# (``compute.claims.execute_prepared``).
 _VF_PORT = Device._meta.get_field("port")
 _ONE_HOST = f"""
 SELECT {", ".join(f"h.{column}" for column in _HOST_COLUMNS)},
@@ -152,10 +155,13 @@ WHERE d.host_id = %s AND d.kind = '{DeviceKind.GPU.value}' AND d.present
 def _open_host_view(host_id: int) -> list[HostView]:
     """The view of host ``host_id`` if it is open to new requests (``_open_hosts``), as
     ``_host_views(_open_hosts().filter(pk=host_id))`` makes it."""
-    rows = prepared.fetch(connection, _ONE_HOST, [host_id])
-    if not rows:
-        return []
-    return _views(rows, prepared.fetch(connection, _ONE_HOST_GPUS, [host_id]))
+    with connection.cursor() as cursor:
+        cursor.execute(_ONE_HOST, [host_id])
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        cursor.execute(_ONE_HOST_GPUS, [host_id])
+        return _views(rows, cursor.fetchall())
 
 
 def _views(

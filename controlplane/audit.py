@@ -8,10 +8,11 @@ change-logging context, kept small.
 
 An event is written with nearly every change Kumo makes (a VM's life writes eight or nine),
 so ``record`` does not go through ``Model.save``, which builds and compiles the same
-``INSERT`` each time: it runs that ``INSERT``, built once from the model's fields, as a
-statement PostgreSQL keeps prepared on the connection (``controlplane.prepared``). Each
-field's value is what ``save`` would write (``pre_save``, then ``get_db_prep_save``), and
-nothing listens to the model's save signals.
+``INSERT`` each time: it runs that ``INSERT``, built once from the model's fields, on
+Django's cursor. Each field's value is what ``save`` would write (``pre_save``, then
+``get_db_prep_save``), and nothing listens to the model's save signals. (Not as a statement
+psycopg prepares: psycopg deallocates all of a connection's prepared statements when it has
+prepared one and sees a ``ROLLBACK``, the claims' own with them, ``compute.claims``.)
 """
 
 import contextvars
@@ -24,7 +25,6 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 from django.db import connections
 
-from controlplane import prepared
 from controlplane.choices import AuditOutcome, AuditSource
 
 
@@ -133,12 +133,12 @@ def record(
 
 
 def _insert(event) -> None:
-    """Write ``event`` (new) as ``event.save()`` would, in one prepared ``INSERT``."""
+    """Write ``event`` (new) as ``event.save()`` would, in one ``INSERT``."""
     using = event._state.db or "default"
     connection = connections[using]
     sql, fields = _insert_statement(type(event), connection)
     params = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
-    with prepared.cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         (event.pk,) = cursor.fetchone()
     event._state.adding, event._state.db = False, using
