@@ -43,7 +43,8 @@ What a lease holds, and when:
   in GPUs that can run something; its bill does not change. A lease that finds too few
   (and one that held too few at its start) tries again at every tick, keeping what it
   held meanwhile, and says so once (``lease.at_risk``) until its holding changes again.
-  A host that returns to service finds the GPUs it lost taken by the lease no more.
+  The GPUs it let go are anyone's once their host returns to service. (Of a lease of whole
+  hosts, a host counts as lost only when it leaves service, not for a GPU of it gone.)
 - **Ended** (at its end, or when cancelled): its running VMs are shelved (their disks are
   kept; unshelved later they are ordinary requests), the ones still waiting become
   ordinary requests, its GPUs are let go and its bill stops.
@@ -697,6 +698,9 @@ def leases_tick(*, now: datetime | None = None) -> dict:
 
 
 def _step(pk, action) -> int:
+    """Run ``action`` on lease ``pk`` (its row locked, skipped while another holds it) in its
+    own transaction: 1 if it did, 0 if not (an action may answer whether it changed
+    anything)."""
     with transaction.atomic():
         lease = (
             Lease.objects.select_for_update(skip_locked=True)
@@ -706,8 +710,8 @@ def _step(pk, action) -> int:
         )
         if lease is None:
             return 0
-        action(lease)
-        return 1
+        changed = action(lease)
+        return 1 if changed is None else int(changed)
 
 
 def _prepare(lease: Lease, now: datetime) -> None:
@@ -864,12 +868,16 @@ def _start(lease: Lease, now: datetime) -> None:
     )
 
 
-_IN_SERVICE = Q(devices__host__state=HostState.UP, devices__present=True)
+# A lease's GPU in service: on a host that is up, and present (of a lease of whole hosts,
+# whose hosts are what it holds, on a host that is up).
+_IN_SERVICE = Q(devices__host__state=HostState.UP) & (
+    Q(devices__present=True) | Q(hosts__isnull=False)
+)
 
 
 def _to_heal(live, now: datetime):
-    """The leases holding GPUs that hold fewer than their size in service (on hosts that
-    are up, present), or hold some out of service."""
+    """The leases holding GPUs that hold fewer than their size in service, or hold some
+    out of service."""
     return (
         live.filter(state__in=(LeaseState.PREPARING, LeaseState.ACTIVE), ends_at__gt=now)
         .annotate(in_service=Count("devices", filter=_IN_SERVICE), held=Count("devices"))
@@ -878,22 +886,24 @@ def _to_heal(live, now: datetime):
     )
 
 
-def _heal(lease: Lease, now: datetime) -> None:
+def _heal(lease: Lease, now: datetime) -> bool:
     """Hold ``lease``'s size (its row locked) in GPUs in service: take hold of the ones
     missing, then let go of as many out of service as were found (never one its own VMs
-    use; of a lease of whole hosts, only whole hosts). Says when it holds too few."""
+    use; of a lease of whole hosts, only whole hosts). Says when it holds too few. Returns
+    whether it held or let go of any."""
     rows = list(
         Device.objects.filter(lease=lease)
         .values_list("pk", "host_id", "host__name", "host__state", "present", "vm__lease_id")
         .order_by("host_id", "pk")
     )
-    in_service = sum(state == HostState.UP and present for _, _, _, state, present, _ in rows)
-    out = [row for row in rows if not (row[3] == HostState.UP and row[4])]
+    whole_hosts = lease.hosts is not None
+    out = [row for row in rows if not (row[3] == HostState.UP and (row[4] or whole_hosts))]
+    in_service = len(rows) - len(out)
     used = {host_id for _, host_id, _, _, _, vm_lease in out if vm_lease == lease.pk}
     spare = [
         (pk, name)
         for pk, host_id, name, _, _, vm_lease in out
-        if vm_lease != lease.pk and (lease.hosts is None or host_id not in used)
+        if vm_lease != lease.pk and not (whole_hosts and host_id in used)
     ]
     start = max(lease.starts_at, now)
     held: list[Device] = []
@@ -902,7 +912,7 @@ def _heal(lease: Lease, now: datetime) -> None:
         chosen = _choose_devices(lease, lease.gpus - in_service, start)
         held = _hold(lease, chosen, start) if chosen else []
         if held is None:
-            return  # another lease took one meanwhile: the next tick chooses again
+            return False  # another lease took one meanwhile: the next tick chooses again
     going = spare if in_service + len(held) >= lease.gpus else spare[: len(held)]
     if going:
         _release(lease, [pk for pk, _ in going], now)
@@ -926,16 +936,21 @@ def _heal(lease: Lease, now: datetime) -> None:
             detail={"held": len(held), "let_go": len(going), "hosts_left": left,
                     "spot_noticed": noticed},
         )  # fmt: skip
+        done = [f"took hold of {len(held)} GPUs on hosts in service"] if held else []
+        if going:
+            done.append(
+                f"let go of {len(going)} GPUs on hosts that left service ({', '.join(left)})"
+            )
         _announce(
             lease,
-            f"lease {lease.name} took hold of {len(held)} GPUs in place of ones on hosts that "
-            f"left service ({', '.join(left) or 'none let go yet'})",
+            f"lease {lease.name} {' and '.join(done)}",
             held=len(held),
             let_go=len(going),
             hosts_left=left,
         )
     if holding < lease.gpus and lease.state_reason != before:
         _at_risk(lease, holding)
+    return bool(held or going)
 
 
 def _warn(lease: Lease, now: datetime) -> None:

@@ -81,7 +81,10 @@ def test_a_lease_moves_off_a_host_that_left_service_and_notices_the_spot_vm_in_t
     heal = AuditEvent.objects.get(action="lease.heal", object_id=str(lease.pk))
     assert heal.detail == {"held": 4, "let_go": 4, "hosts_left": ["gpu-a"], "spot_noticed": 1}
     told = Event.objects.filter(kind="lease.updated", project=mine).latest("pk")
-    assert "in place of ones on hosts that left service (gpu-a)" in told.message
+    assert told.message == (
+        "lease run took hold of 4 GPUs on hosts in service and let go of 4 GPUs on hosts that "
+        "left service (gpu-a)"
+    )
     lease.refresh_from_db()
     assert lease.state == LeaseState.ACTIVE and lease.state_reason == ""
 
@@ -145,6 +148,8 @@ def test_the_gpus_its_own_vms_use_on_the_host_stay_held_until_they_leave(sent, a
     report(fresh(worker), "absent")
     assert services.leases_tick(now=at(1.6))["healed"] == 1
     assert _hosts_held(lease) == {"gpu-b": 4}
+    told = Event.objects.filter(kind="lease.updated", project=mine).latest("pk")
+    assert told.message == "lease run let go of 2 GPUs on hosts that left service (gpu-a)"
     assert services.leases_tick(now=at(1.7))["healed"] == 0
 
 
@@ -165,3 +170,15 @@ def test_a_lease_of_whole_hosts_takes_a_whole_host_in_place_of_one_that_left(sen
     assert services.leases_tick(now=at(1.5))["healed"] == 1
     assert _hosts_held(lease) == {whole: 8}
     assert fresh(pinning).state == VmState.PROVISIONING  # on-demand work is never moved
+
+
+@pytest.mark.django_db
+def test_a_lease_of_whole_hosts_keeps_its_host_when_one_gpu_of_it_is_gone(sent, at):
+    make_host("gpu-a"), make_host("gpu-b")
+    lease = _started(roomy_project(), at, hosts=1)
+    ((host, _),) = _hosts_held(lease).items()
+    # As an inventory report without it leaves it: the host is up, one of its GPUs gone.
+    Device.objects.filter(pk=Device.objects.filter(lease=lease).first().pk).update(present=False)
+    assert services.leases_tick(now=at(1.5))["healed"] == 0
+    assert _hosts_held(lease) == {host: 8}
+    assert not Event.objects.filter(kind="lease.at_risk").exists()
