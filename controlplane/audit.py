@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, router
 
 from controlplane.choices import AuditOutcome, AuditSource
 
@@ -134,7 +134,7 @@ def record(
 
 def _insert(event) -> None:
     """Write ``event`` (new) as ``event.save()`` would, in one ``INSERT``."""
-    using = event._state.db or "default"
+    using = router.db_for_write(type(event), instance=event)  # where ``save`` writes it
     connection = connections[using]
     sql, fields = _insert_statement(type(event), connection)
     params = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]

@@ -35,6 +35,8 @@ def test_the_next_test_sees_the_modules_rows_as_made_and_nothing_of_the_test_bef
 class _Item:
     """As much of a collected test as ``module_rows`` reads."""
 
+    cls = None
+
     def __init__(self, module, name, marker=None, fixturenames=()):
         self.module, self.name, self.marker = module, name, marker
         self.fixturenames = fixturenames
@@ -47,10 +49,11 @@ class _Item:
     "commits",
     [
         _Item(None, "test_commits", pytest.mark.django_db(transaction=True).mark),
+        _Item(None, "test_commits", pytest.mark.django_db(True).mark),
         _Item(None, "test_commits", fixturenames=("transactional_db",)),
         _Item(None, "test_commits", fixturenames=("live_server",)),
     ],
-    ids=["marker", "transactional_db", "live_server"],
+    ids=["marker", "marker-positional", "transactional_db", "live_server"],
 )
 def test_a_module_with_a_transactional_test_cannot_make_rows_once(commits, django_db_blocker):
     module = types.ModuleType("tests.a_module")

@@ -75,11 +75,18 @@ def module_rows(request, django_db_blocker, make):
 
 
 def _transactional(item) -> bool:
-    """Whether pytest-django runs ``item`` as a transactional test (as it orders them)."""
+    """Whether pytest-django runs ``item`` as a transactional test, as it decides when it
+    orders the tests (its own reading of the ``django_db`` marker)."""
+    from django.test import TestCase, TransactionTestCase
+    from pytest_django.fixtures import validate_django_db
+
+    cls = getattr(item, "cls", None)
+    if cls is not None and issubclass(cls, TransactionTestCase):
+        return not issubclass(cls, TestCase)
     marker = item.get_closest_marker("django_db")
-    if marker is not None and (
-        marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")
-    ):
-        return True
+    if marker is not None:
+        transaction, reset_sequences, *_ = validate_django_db(marker)
+        if transaction or reset_sequences:
+            return True
     fixtures = getattr(item, "fixturenames", ())
     return "transactional_db" in fixtures or "live_server" in fixtures
