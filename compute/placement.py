@@ -31,6 +31,7 @@ import threading
 import time
 from collections import Counter
 from enum import Enum
+from functools import cache
 from typing import NamedTuple
 from uuid import UUID
 
@@ -63,6 +64,7 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
+from controlplane.compiled import CompiledRead, compile_read
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,14 @@ def _host_views(
     view of a spot VM borrowing from the leases that lend now (``lending``: their ids);
     in every other view it is held (``gpus_held``: CPU VMs leave it its share of the
     host)."""
-    # Each host's free RDMA virtual functions (given to no VM, held by no port), counted
-    # by the database beside its row.
+    gpus = Device.objects.filter(host__in=hosts.values("pk"))
+    return _views(_host_rows(hosts), _gpu_rows(gpus), lease_id=lease_id, lending=lending)
+
+
+def _host_rows(hosts):
+    """The rows of queryset ``hosts`` that ``_views`` reads: ``_HOST_COLUMNS``, then each
+    host's free RDMA virtual functions (given to no VM, held by no port), counted by the
+    database beside its row."""
     free_vfs = (
         Device.objects.filter(
             host=OuterRef("pk"),
@@ -117,51 +125,36 @@ def _host_views(
         .annotate(n=Count("pk"))
         .values("n")
     )
-    rows = hosts.annotate(vfs_free=Subquery(free_vfs)).values_list(*_HOST_COLUMNS, "vfs_free")
-    gpus = Device.objects.filter(host__in=hosts.values("pk"), kind=DeviceKind.GPU, present=True)
-    return _views(
-        rows, gpus.values_list(*_GPU_COLUMNS).order_by(), lease_id=lease_id, lending=lending
+    return hosts.annotate(vfs_free=Subquery(free_vfs)).values_list(*_HOST_COLUMNS, "vfs_free")
+
+
+def _gpu_rows(devices):
+    """The rows of the GPUs among queryset ``devices`` that ``_views`` reads."""
+    gpus = devices.filter(kind=DeviceKind.GPU, present=True)
+    return gpus.values_list(*_GPU_COLUMNS).order_by()
+
+
+@cache
+def _one_host_reads(vendor: str) -> tuple[CompiledRead | None, CompiledRead | None]:
+    """``_host_rows`` and ``_gpu_rows`` of one open host, compiled once (per kind of
+    database). The view reads a host again after every release of a VM there, and the ORM
+    would build and compile their subqueries each time (about 3 ms, more than the database
+    takes to answer). They run on Django's cursor, not prepared: they share the claims'
+    connection (``controlplane.compiled`` says why)."""
+    return (
+        compile_read(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), 1, prepare=False),
+        compile_read(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), 1, prepare=False),
     )
-
-
-# One open host's view, as ``_host_views`` reads it, in two statements built once: the view
-# reads a host again after every release of a VM there, and the ORM would build and compile
-# the subqueries above each time (about 3 ms, more than the database takes to answer). They
-# run on Django's own cursor, not as statements psycopg prepares: psycopg deallocates every
-# prepared statement of a connection once it has prepared one and sees a ``ROLLBACK``, which
-# a claim that lost its race sends, and that would take the claims' own with them
-# (``compute.claims.execute_prepared``).
-_VF_PORT = Device._meta.get_field("port")
-_ONE_HOST = f"""
-SELECT {", ".join(f"h.{column}" for column in _HOST_COLUMNS)},
-    (SELECT count(*) FROM {Device._meta.db_table} d
-     WHERE d.host_id = h.id AND d.kind = '{DeviceKind.RDMA_VF.value}' AND d.vm_id IS NULL
-       AND d.present AND NOT EXISTS (
-           SELECT 1 FROM {_VF_PORT.related_model._meta.db_table} p
-           WHERE p.{_VF_PORT.field.column} = d.id))
-FROM {Host._meta.db_table} h
-WHERE h.id = %s AND h.state = '{HostState.UP.value}' AND NOT EXISTS (
-    SELECT 1 FROM {VirtualMachine._meta.db_table} v
-    WHERE v.state = '{VmState.PENDING.value}' AND v.reserved_host_id = h.id)
-"""
-_ONE_HOST_GPUS = f"""
-SELECT d.host_id, d.id, d.numa_node, d.model, d.vm_id, d.lease_id, v.priority
-FROM {Device._meta.db_table} d
-LEFT JOIN {VirtualMachine._meta.db_table} v ON v.id = d.vm_id
-WHERE d.host_id = %s AND d.kind = '{DeviceKind.GPU.value}' AND d.present
-"""
 
 
 def _open_host_view(host_id: int) -> list[HostView]:
     """The view of host ``host_id`` if it is open to new requests (``_open_hosts``), as
     ``_host_views(_open_hosts().filter(pk=host_id))`` makes it."""
-    with connection.cursor() as cursor:
-        cursor.execute(_ONE_HOST, [host_id])
-        rows = cursor.fetchall()
-        if not rows:
-            return []
-        cursor.execute(_ONE_HOST_GPUS, [host_id])
-        return _views(rows, cursor.fetchall())
+    host_read, gpu_read = _one_host_reads(connection.vendor)
+    if host_read is None or gpu_read is None:
+        return _host_views(_open_hosts().filter(pk=host_id))
+    rows = host_read.tuples((host_id,))
+    return _views(rows, gpu_read.tuples((host_id,))) if rows else []
 
 
 def _views(

@@ -28,24 +28,22 @@ dict in between.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import EmptyResultSet, FieldDoesNotExist
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models
-from django.db.models.fields.json import KeyTransform
-from django.db.models.query import MAX_GET_RESULTS, ValuesIterable
+from django.db.models.query import MAX_GET_RESULTS
 from django.http import Http404
 from django.utils import timezone
 from rest_framework import ISO_8601, mixins, relations, serializers
 from rest_framework.generics import get_object_or_404
 from rest_framework.settings import api_settings
 
-from controlplane import prepared
+from controlplane.compiled import STAND_INS, CompiledRead, compile_read
 
 _NO_PLAN = object()
 _DATETIME = object()  # a DateTimeField in ISO 8601, converted in the answer's time zone
@@ -299,168 +297,6 @@ def _iso_datetime(tz) -> Callable:
     return convert
 
 
-# The stand-ins of a compiled read's per-request values, one set per compilation: the places
-# where the two compilations' parameters differ, each by its own stand-in, are theirs. They are
-# negative, as no key of Kumo's is, so no constant of the query can be taken for one (and
-# within a 32-bit integer's range, which Django checks a key against).
-_STAND_INS = ((-2_013_560_101, -2_013_560_102), (-2_013_560_111, -2_013_560_112))
-
-
-class CompiledRead:
-    """A ``values()`` query's SQL compiled once, and how to run it again with other values
-    where its stand-ins were (``compile_read``): rows as ``values()`` answers them, each column
-    converted as the ORM's compiler converts it. Only the SQL text and constants are kept
-    between requests; every value that ``values`` gives is a bound parameter of that run."""
-
-    __slots__ = ("alias", "converters", "model", "names", "ordered", "params", "places", "sql")
-
-    def __init__(self, *, model, alias, sql, params, places, names, converters, ordered) -> None:
-        self.model, self.alias, self.sql, self.params = model, alias, sql, params
-        self.places, self.names, self.converters, self.ordered = places, names, converters, ordered
-
-    def rows(self, values: tuple, suffix: str = "") -> list[dict]:
-        fetched, connection = self._fetch(values, suffix)
-        names, steps = self.names, self._steps(connection)
-        answer = []
-        for row in fetched:
-            if steps:
-                row = list(row)
-                for position, convert in steps:
-                    row[position] = convert(row[position])
-            answer.append(dict(zip(names, row, strict=True)))
-        return answer
-
-    def answers(self, plan: ReadPlan, values: tuple, suffix: str = "") -> tuple[list, dict | None]:
-        """The answers ``plan.render_many(self.rows(values, suffix))`` gives, made from the
-        rows as they are fetched: each column converted as the ORM converts it, then each
-        field as the plan converts it, with no row dict in between. Also the first row as
-        ``rows`` gives it (None when there is none), for a column no field shows (a count)."""
-        fetched, connection = self._fetch(values, suffix)
-        steps = self._steps(connection)
-        fields, pick, converts = plan.shape(self.names)
-        answers, first = [], None
-        for row in fetched:
-            if steps:
-                row = list(row)
-                for position, convert in steps:
-                    row[position] = convert(row[position])
-            if first is None:
-                first = dict(zip(self.names, row, strict=True))
-            picked = pick(row)
-            if converts:
-                picked = list(picked)
-                for index, convert in converts:
-                    if (value := picked[index]) is not None:
-                        picked[index] = convert(value)
-            answers.append(dict(zip(fields, picked, strict=True)))
-        return answers, first
-
-    def _fetch(self, values: tuple, suffix: str) -> tuple[list[tuple], Any]:
-        params = list(self.params)
-        for index, which in self.places:
-            params[index] = values[which]
-        connection = connections[self.alias]
-        return prepared.fetch(connection, self.sql + suffix, params), connection
-
-    def _steps(self, connection) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
-        """(column, function of its value) for each column the ORM's compiler converts."""
-        return tuple(
-            (position, _column_converter(functions, expression, connection))
-            for position, (functions, expression) in self.converters
-        )
-
-
-#: the scanner of the decoder ``json.loads`` uses (no hooks, strict), without its wrappers
-_scan_json = json.JSONDecoder().scan_once
-
-
-def _column_converter(functions, expression, connection) -> Callable[[Any], Any]:
-    """The ORM's converters of one column as one function of its value. A ``JSONField``
-    without its own decoder is read by the scanner ``json.loads`` runs, when that scanner
-    alone reads the whole text (no surrounding space, valid JSON): what Django's
-    ``from_db_value`` answers, without its layers; any other text goes to Django's."""
-    if len(functions) == 1:
-        (convert,) = functions
-        owner = getattr(convert, "__self__", None)
-        if (
-            getattr(convert, "__func__", None) is models.JSONField.from_db_value
-            and owner.decoder is None
-            and not isinstance(expression, KeyTransform)
-        ):
-
-            def json_value(value):
-                if type(value) is str:
-                    try:
-                        decoded, end = _scan_json(value, 0)
-                    except (StopIteration, ValueError):
-                        pass
-                    else:
-                        if end == len(value):
-                            return decoded
-                return convert(value, expression, connection)
-
-            return json_value
-        return lambda value: convert(value, expression, connection)
-
-    def chained(value):
-        for convert in functions:
-            value = convert(value, expression, connection)
-        return value
-
-    return chained
-
-
-def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledRead | None:
-    """The SQL of ``build(*values)``, a ``values()`` queryset of ``count`` values, compiled
-    once: ``build`` is called twice with different stand-ins, and the SQL is kept only when
-    both compile to the same text whose parameters differ exactly where the stand-ins are,
-    every stand-in has a place, and every other parameter is a constant (text, a number, a
-    truth value): a query whose SQL or constants depend on anything else (a time, a value the
-    stand-ins don't reach) has none, and keeps the ORM's path."""
-    compiled = []
-    for stand_ins in _STAND_INS:
-        queryset = build(*stand_ins[:count])
-        if queryset is None or queryset._iterable_class is not ValuesIterable:
-            return None
-        compiler = queryset.query.get_compiler(using=queryset.db)
-        try:
-            sql, params = compiler.as_sql()
-        except EmptyResultSet:
-            return None
-        compiled.append((queryset, compiler, sql, tuple(params)))
-    (queryset, compiler, sql, params), (_, _, other_sql, other_params) = compiled
-    if sql != other_sql or len(params) != len(other_params):
-        return None
-    first_set, second_set = (stand_ins[:count] for stand_ins in _STAND_INS)
-    places = []
-    for index, (first, second) in enumerate(zip(params, other_params, strict=True)):
-        which = first_set.index(first) if type(first) is int and first in first_set else None
-        if which is not None and second == second_set[which]:
-            places.append((index, which))
-        elif first != second or type(first) not in (str, int, bool) or second in second_set:
-            return None
-    fields = [column[0] for column in compiler.select[: compiler.col_count]]
-    if {which for _, which in places} != set(range(count)) or compiler.has_composite_fields(fields):
-        return None
-    query = queryset.query
-    if query.selected:
-        names = tuple(query.selected)
-    else:
-        names = (*query.extra_select, *query.values_select, *query.annotation_select)
-    if len(names) != len(fields):
-        return None
-    return CompiledRead(
-        model=queryset.model,
-        alias=queryset.db,
-        sql=sql,
-        params=params,
-        places=tuple(places),
-        names=names,
-        converters=tuple(compiler.get_converters(fields).items()),
-        ordered=queryset.ordered,
-    )
-
-
 class CompiledList:
     """A list's page read through its compiled SQL (``CountingPaginator`` reads it with
     ``read_page``), answered by the plan straight from the fetched rows; ``queryset()`` is
@@ -596,7 +432,7 @@ def _compile_list(view, plan: ReadPlan, build: Callable, count: int) -> Compiled
         return None
     ops = connections[compiled.alias].ops
     for bottom, top in ((0, 7), (3, 10)):
-        queryset = page(*_STAND_INS[0][:count])[bottom:top]
+        queryset = page(*STAND_INS[0][:count])[bottom:top]
         sql, _ = queryset.query.get_compiler(using=queryset.db).as_sql()
         if sql != f"{compiled.sql} {ops.limit_offset_sql(bottom, top)}":
             return None
@@ -606,7 +442,7 @@ def _compile_list(view, plan: ReadPlan, build: Callable, count: int) -> Compiled
 def _compile_detail(view, plan: ReadPlan, build: Callable, count: int) -> CompiledRead | None:
     """A detail by an integer key, as ``QuerySet.get`` reads it (unordered, at most
     MAX_GET_RESULTS rows), the key a bound parameter after the scope's values."""
-    model = build(*_STAND_INS[0][:count]).model
+    model = build(*STAND_INS[0][:count]).model
     try:
         field = model._meta.get_field(view.lookup_field) if view.lookup_field != "pk" else None
     except FieldDoesNotExist:

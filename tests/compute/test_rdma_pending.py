@@ -9,6 +9,7 @@ behind it; the hand-over of an eviction fails alike for that VM alone. A VM that
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from compute import placement, services
@@ -277,9 +278,10 @@ def test_an_evicted_spot_vm_gives_its_vfs_back_to_the_vm_it_made_room_for(projec
 
 
 def test_a_host_read_again_alone_is_the_view_a_load_of_the_fleet_makes_of_it(sent, committed):
-    """``refresh_host``'s own read (two statements built once) against the ORM's read of the
-    whole view, host by host: free VFs (a port holds some), GPUs a VM holds (on demand and
-    spot), GPUs a lease holds, a host handed over to a waiting VM, a host out of service."""
+    """``refresh_host``'s own read (the ORM's two reads of one host, compiled once) against
+    the ORM's read of the whole view, host by host: free VFs (a port holds some), GPUs a VM
+    holds (on demand and spot), GPUs a lease holds, a host handed over to a waiting VM, a
+    host out of service."""
     from compute.services import leases
 
     project = make_project()
@@ -310,6 +312,7 @@ def test_a_host_read_again_alone_is_the_view_a_load_of_the_fleet_makes_of_it(sen
     assert set(whole) == {rdma.pk, plain.pk}  # the one handed over and the one away are not
     assert 0 < whole[rdma.pk].vfs_free < 16  # ports hold some of its 16
     assert Device.objects.filter(lease__isnull=False).exists()
+    assert all(placement._one_host_reads(connection.vendor))  # compiled, not the ORM's way
     for host in Host.objects.all():
         alone = placement._open_host_view(host.pk)
         assert alone == ([whole[host.pk]] if host.pk in whole else []), host.name

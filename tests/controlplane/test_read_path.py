@@ -251,7 +251,7 @@ def test_a_compiled_read_answers_as_the_orm_path(client_for, project, monkeypatc
 def test_a_read_is_compiled_only_when_its_values_are_its_only_variables(project):
     from django.utils import timezone
 
-    from controlplane.api.fastread import compile_read
+    from controlplane.compiled import compile_read
 
     _events(project, 2)
     events = AuditEvent.objects.values("id", "at", "detail", "project_slug")
@@ -276,8 +276,9 @@ def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_pro
     date-times formatted by PostgreSQL or parsed (a time zone other than UTC)."""
     from django.utils import timezone
 
-    from controlplane.api.fastread import compile_read, plan_for
+    from controlplane.api.fastread import plan_for
     from controlplane.api.serializers import AuditEventSerializer
+    from controlplane.compiled import compile_read
 
     AuditEvent.objects.bulk_create(
         AuditEvent(
@@ -307,13 +308,13 @@ def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_pro
 
 
 def test_a_json_column_is_read_as_djangos_from_db_value_reads_it():
-    """The JSON column's shortcut (``fastread._column_converter``) answers what Django's
+    """The JSON column's shortcut (``compiled._column_converter``) answers what Django's
     ``JSONField.from_db_value`` answers, for any text the column could hold and more."""
     from django.db import connection
     from django.db.models.expressions import Col
     from django.db.models.fields.json import KeyTransform
 
-    from controlplane.api.fastread import _column_converter
+    from controlplane.compiled import _column_converter
 
     field = AuditEvent._meta.get_field("detail")
     column = Col("controlplane_auditevent", field)
