@@ -46,6 +46,7 @@ from django.utils import timezone
 from compute.choices import HostState, LeaseState, VmState
 from compute.models import Device, Host, Lease, VirtualMachine
 from compute.scheduler import Placement, Request
+from controlplane import prepared
 from tenants import usage
 
 _CLAIM = f"""
@@ -153,7 +154,7 @@ def claim_write(
         statement = claim_statement(
             vm, placement, req, at=now, admitted_if=admitted_if, borrow=borrow
         )
-        with connection.cursor() as cursor:
+        with prepared.client_cursor(connection) as cursor:
             ((answer,),) = execute_prepared(cursor, statement)
         failure = claim_failure(answer, vm, placement)
         if failure is not None:
@@ -271,7 +272,7 @@ def claim_failure(answer: tuple, vm, placement: Placement) -> Exception | None:
 def claim_undo() -> None:
     """Undo the last claim of this transaction, the rows it locked with it (one round
     trip)."""
-    with connection.cursor() as cursor:
+    with prepared.client_cursor(connection) as cursor:
         _execute(cursor, "ROLLBACK TO SAVEPOINT kumo_claim", "RELEASE SAVEPOINT kumo_claim")
 
 
@@ -358,18 +359,11 @@ def execute_prepared(cursor, *statements: Prepared) -> list[list[tuple]]:
     which is why they are taken (the caller's transaction goes on), this process asks the
     connection which statements it has, and sends them again, prepared as it needs.
 
-    With server-side binding, which cannot send two statements at once, each is sent on its
-    own, and psycopg prepares them."""
+    ``cursor`` writes the values into the text (``controlplane.prepared.client_cursor``):
+    server-side binding cannot send two statements at once."""
     params: dict = {}
     for statement in statements:
         params |= statement.params
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-        answers = []
-        for statement in statements:
-            cursor.execute(f"SAVEPOINT {statement.savepoint}")
-            cursor.execute(statement.sql, statement.params)
-            answers.append(cursor.fetchall())
-        return answers
     forms = [_prepared_form(statement.sql, statement.prefix) for statement in statements]
     known = _prepared.setdefault(connection.connection, set())
     for attempt in range(2):
@@ -400,16 +394,9 @@ def _execute(
     cursor, *statements: str, params: dict | None = None, answers: list[int] = ()
 ) -> list[list[tuple]]:
     """Run ``statements`` (the last one with ``params``) and return the rows of those at
-    positions ``answers``: as one query string, one round trip, with Django's default
-    client-side binding; one by one with server-side binding, which cannot send two at
-    once."""
+    positions ``answers``: as one query string, one round trip, on a cursor that writes the
+    values into the text (``controlplane.prepared.client_cursor``)."""
     rows = []
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
-        for i, statement in enumerate(statements):
-            cursor.execute(statement, params if i == len(statements) - 1 else None)
-            if i in answers:
-                rows.append(cursor.fetchall())
-        return rows
     cursor.execute("; ".join(statements), params)
     for i in range(len(statements)):
         if i:

@@ -64,6 +64,7 @@ from compute.scheduler import (
     Request,
     Scheduler,
 )
+from controlplane import prepared
 from controlplane.compiled import CompiledRead, compile_read
 
 log = logging.getLogger(__name__)
@@ -368,7 +369,7 @@ class _CompiledLock:
         return vm
 
     def get(self, pk) -> VirtualMachine | None:
-        with connection.cursor() as cursor:
+        with prepared.client_cursor(connection) as cursor:
             (rows,) = execute_prepared(cursor, self.statement(pk))
         return self.built(rows)
 
@@ -451,7 +452,7 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
         admitted_if=guarantees.nothing_to_weigh(queued),
         skip_locked_vm=True,
     )
-    with connection.cursor() as cursor:
+    with prepared.client_cursor(connection) as cursor:
         rows, (answer,) = execute_prepared(cursor, lock.statement(queued.pk), claim)
     vm = lock.built(rows)
     failure = claim_failure(answer, queued, chosen)

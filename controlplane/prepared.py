@@ -1,18 +1,26 @@
-"""Statements PostgreSQL parses and plans once per connection, not once per request.
+"""Statements PostgreSQL parses and plans once per connection, not once per run.
 
-The SQL every API request runs is the same text each time with other values: the token
-lookup (``controlplane.rowjoin``) and a list's page or a detail compiled once per view
-(``controlplane.api.fastread``); so are the statements of the controller's short way for a
-fleet's steady reports (the heartbeat's and the network report's one UPDATE, a guests
-report's two: ``compute.services.steady``), hundreds a second. Django's cursors send each
-statement with its values written into the text, which PostgreSQL parses and plans again
-every time; for these small statements planning costs it more than running them.
-``cursor(connection)`` is Django's cursor (its health check, error wrapping and query log,
-as ``connection.cursor()``) over a psycopg cursor that binds the values as parameters and
-asks PostgreSQL to keep each statement it runs again prepared on the connection (psycopg's
-statement cache, per connection: a new connection prepares them again). On any other
-database it is ``connection.cursor()``. ``fetch`` runs one read through it, and lets that
-read stand for the connection's health check.
+Kumo sends the same statements over and over with other values: the ORM's few hundred
+shapes, the token lookup (``controlplane.rowjoin``), a list's page or a detail compiled once
+per view (``controlplane.api.fastread``), the controller's short way for a fleet's steady
+reports (``compute.services.steady``), hundreds a second. Sent with the values written into
+the text, each is parsed and planned again every time; for small statements planning costs
+PostgreSQL more than running them. So Kumo's settings (``KUMO_DATABASE_PREPARED``, on by
+default) have psycopg bind values as parameters and keep each statement a connection runs a
+fifth time prepared on it (psycopg's statement cache, per connection).
+
+- ``cursor(connection)`` is Django's cursor (its health check, error wrapping and query
+  log, as ``connection.cursor()``) over a psycopg cursor that prepares what it runs again:
+  the connection's own where the settings bind server-side, else one that binds
+  server-side and prepares a statement at its second run (the hottest reads are prepared
+  even with the setting off). On any other database it is ``connection.cursor()``.
+- ``fetch`` runs one read through it, and lets that read stand for the connection's health
+  check.
+- ``client_cursor(connection)`` is Django's cursor over a psycopg cursor that writes the
+  values into the text, and that psycopg's statement cache does not watch: what a claim
+  needs to send its savepoint, its own preparation and its statement as one string in one
+  round trip (``compute.claims.execute_prepared``), which server-side binding cannot send,
+  without psycopg deallocating what the claim prepared.
 """
 
 from contextlib import contextmanager
@@ -55,17 +63,27 @@ def fetch(connection, sql: str, params) -> list[tuple]:
 
 @contextmanager
 def cursor(connection):
+    if connection.vendor != "postgresql" or connection.features.uses_server_side_binding:
+        with connection.cursor() as plain:
+            yield plain
+        return
+    with _cursor_of(connection, _preparing_cursor_class()) as prepared:
+        yield prepared
+
+
+@contextmanager
+def client_cursor(connection):
     if connection.vendor != "postgresql":
         with connection.cursor() as plain:
             yield plain
         return
-    with _prepared_cursor(connection) as prepared:
-        yield prepared
+    with _cursor_of(connection, _unwatched_client_cursor_class()) as client:
+        yield client
 
 
-def _prepared_cursor(connection) -> CursorWrapper:
+def _cursor_of(connection, cursor_class) -> CursorWrapper:
     # As BaseDatabaseWrapper._cursor and the PostgreSQL backend's create_cursor do, with a
-    # server-side binding cursor that prepares what it runs.
+    # psycopg cursor of ``cursor_class``.
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, register_tzloader
     from psycopg.pq import Format
 
@@ -73,16 +91,38 @@ def _prepared_cursor(connection) -> CursorWrapper:
     connection.ensure_connection()
     with connection.wrap_database_errors:
         if connection.connection.prepare_threshold is None:
-            # Django's connections prepare nothing (None). psycopg prepares only for
-            # server-side binding cursors, which Kumo's settings leave to this module: a
-            # statement run a second time on the connection is prepared, one run once (a
+            # Prepared statements off in the settings (None): a statement this module's
+            # cursor runs a second time on the connection is prepared, one run once (a
             # deep page of a list) is not, and costs no round trip to prepare it.
             connection.connection.prepare_threshold = 1
-        raw = _preparing_cursor_class()(connection.connection)
+        raw = cursor_class(connection.connection)
         loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
         if connection.timezone != loader.timezone:
             register_tzloader(connection.timezone, raw)
         return connection._prepare_cursor(raw)
+
+
+@cache
+def _unwatched_client_cursor_class():
+    from django.db.backends.postgresql.base import Cursor  # Django's client-side binding
+
+    class UnwatchedClientCursor(Cursor):
+        """What it runs is neither counted nor watched by psycopg's statement cache, which
+        deallocates every statement of the connection when a text new to it answers
+        ``ROLLBACK``: a claim's preparation ends with ``ROLLBACK TO SAVEPOINT`` (it undoes
+        only settings), which would take the statement it just prepared with it, and so
+        would a lost race's undo (it undoes only the claim's own row writes). Nothing rolled
+        back there creates or drops what a prepared statement reads, which is what
+        psycopg's clearing guards against."""
+
+        def execute(self, query, params=None, **kwargs):
+            cache, self.connection.prepare_threshold = self.connection.prepare_threshold, None
+            try:
+                return super().execute(query, params, **kwargs)
+            finally:
+                self.connection.prepare_threshold = cache
+
+    return UnwatchedClientCursor
 
 
 @cache

@@ -153,6 +153,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if env_bool("KUMO_DATABASE_PREPARED", True):
+        # Values bound by PostgreSQL, not written into the text, and each statement the
+        # connection runs a fifth time kept prepared on it (psycopg's statement cache): the
+        # ORM sends the same few hundred statements over and over, and PostgreSQL would
+        # parse and plan each again. Off (0) behind a pooler that shares one server
+        # connection among clients by transaction, which cannot keep statements prepared.
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 # DATABASE_TEST_NAME: name of the throwaway database the test suite creates. On SQLite it is a
 # file under KUMO_VAR_DIR (test_kumo.sqlite3 when unset, never Django's in-memory default), so
 # that the processes the end-to-end tests start (web, controller, agents) open it too.

@@ -12,6 +12,7 @@ from compute import claims, placement
 from compute.choices import VmState
 from compute.claims import ClaimConflict
 from compute.models import Device, Host, VirtualMachine
+from controlplane import prepared
 from tenants import services as tenants
 from tenants.models import UsageRecord
 from tests.factories import make_host, make_project, make_template, make_vm
@@ -121,7 +122,7 @@ def test_the_claim_is_prepared_once_per_connection_and_again_wherever_it_was_los
     assert _claims_prepared() == 1
     # Its plan reads rows by key, although these tables are small enough to scan whole.
     execute, params = next((sql, params) for sql, params in sent if "EXECUTE" in sql)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), prepared.client_cursor(connection) as cursor:  # as claims run
         cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         cursor.execute("EXPLAIN " + execute.split("; ")[-1], params)
         plan = "\n".join(row[0] for row in cursor.fetchall())

@@ -329,28 +329,50 @@ def test_it_claims_again_wherever_the_connection_lost_its_statements():
         assert _held(vm)[0] == 1 and _held(vm)[2] == 3
 
 
-def test_with_server_side_binding_each_statement_goes_on_its_own_and_claims_the_same(
-    monkeypatch,
-):
+def test_on_a_connection_that_binds_server_side_a_claim_goes_in_one_round_trip(monkeypatch):
+    """Kumo's settings have PostgreSQL bind the values and psycopg prepare what runs again
+    (``KUMO_DATABASE_PREPARED``, on by default). A claim still sends its savepoints, its
+    lock and its statement as one string (``prepared.client_cursor``), and neither a claim
+    nor a lost race's undo, which roll back to savepoints, makes psycopg deallocate the
+    statements the connection prepared, its own or the claims'."""
     project = _project("solo")
     template = make_template(gpus=1)
     kept, changed = make_vm(project, template), make_vm(project, template)
-    make_host("gpu-a")
+    host = make_host("gpu-a")
     connection.close()
-    options = {**connection.settings_dict.get("OPTIONS", {}), "server_side_binding": True}
+    options = {"server_side_binding": True, "prepare_threshold": 5}
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
     try:
         placement.view.invalidate()
         placement.view.get()
         assert not isinstance(connection.connection.cursor(), psycopg.ClientCursor)
+        for _ in range(6):  # the ORM's statement, prepared by psycopg at its sixth run
+            assert Host.objects.filter(pk=host.pk).exists()
+        ours = _prepared_by_psycopg()
+        assert ours
         queued = _queued(changed)
         VirtualMachine.objects.filter(pk=changed.pk).update(name="renamed")
-        with transaction.atomic():
+        sent = []
+        with (
+            connection.execute_wrapper(lambda run, sql, *a: sent.append(sql) or run(sql, *a)),
+            transaction.atomic(),
+        ):
             got, chosen = placement.pending_claimed(_queued(kept))
             assert got.pk == kept.pk and chosen is not None
             got, chosen = placement.pending_claimed(queued)
-            assert got.pk == changed.pk and chosen is None  # undone, one statement at a time
+            assert got.pk == changed.pk and chosen is None  # lost: undone
+        claims_sent = [sql for sql in sent if "EXECUTE kumo_" in sql]
+        assert len(claims_sent) == 2 and all("SAVEPOINT" in sql for sql in claims_sent)
+        assert any("ROLLBACK TO SAVEPOINT kumo_claim" in sql for sql in sent)
         assert _held(kept)[0::2] == (1, 3)
         assert _held(changed)[0::2] == (0, 0)
+        assert ours <= _prepared_by_psycopg()  # nothing deallocated
+        assert _locks_prepared() == 1
     finally:
         connection.close()  # the next connection is made with the settings restored
+
+
+def _prepared_by_psycopg() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE %s", ["_pg3_%"])
+        return {name for (name,) in cursor.fetchall()}
