@@ -140,11 +140,10 @@ def _one_host_reads(vendor: str) -> tuple[CompiledRead | None, CompiledRead | No
     """``_host_rows`` and ``_gpu_rows`` of one open host, compiled once (per kind of
     database). The view reads a host again after every release of a VM there, and the ORM
     would build and compile their subqueries each time (about 3 ms, more than the database
-    takes to answer). They run on Django's cursor, not prepared: they share the claims'
-    connection (``controlplane.compiled`` says why)."""
+    takes to answer)."""
     return (
-        compile_read(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), 1, prepare=False),
-        compile_read(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), 1, prepare=False),
+        compile_read(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), 1),
+        compile_read(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), 1),
     )
 
 

@@ -9,10 +9,10 @@ change-logging context, kept small.
 An event is written with nearly every change Kumo makes (a VM's life writes eight or nine),
 so ``record`` does not go through ``Model.save``, which builds and compiles the same
 ``INSERT`` each time: it runs that ``INSERT``, built once from the model's fields, on
-Django's cursor. Each field's value is what ``save`` would write (``pre_save``, then
-``get_db_prep_save``), and nothing listens to the model's save signals. (Not as a statement
-psycopg prepares: psycopg deallocates all of a connection's prepared statements when it has
-prepared one and sees a ``ROLLBACK``, the claims' own with them, ``compute.claims``.)
+Django's cursor (on PostgreSQL, prepared as the settings prepare every statement a
+connection runs again: ``controlplane.prepared``). Each field's value is what ``save`` would
+write (``pre_save``, then ``get_db_prep_save``), and nothing listens to the model's save
+signals.
 """
 
 import contextvars

@@ -9,10 +9,7 @@ values there and runs that SQL, its rows converted as the ORM's compiler convert
 statement stays the ORM's own, so it cannot drift from the queryset it was compiled from.
 
 A read runs as a statement PostgreSQL keeps prepared on the connection
-(``controlplane.prepared``), or, with ``prepare=False``, on Django's own cursor: psycopg
-deallocates every statement it prepared on a connection when it sees a ``ROLLBACK``, which a
-claim that lost its race sends, and the claims' own prepared statements go with them
-(``compute.claims.execute_prepared``); reads on a claim's connection are not prepared.
+(``controlplane.prepared``).
 
 Used by the API's list and detail answers (``controlplane.api.fastread``) and by the
 scheduler's read of one host (``compute.placement``).
@@ -45,16 +42,11 @@ class CompiledRead:
     as the ORM's compiler converts it. Only the SQL text and constants are kept between runs;
     every value a run is given is a bound parameter of that run."""
 
-    __slots__ = (
-        "alias", "converters", "model", "names", "ordered", "params", "places", "prepare", "sql",
-    )  # fmt: skip
+    __slots__ = ("alias", "converters", "model", "names", "ordered", "params", "places", "sql")
 
-    def __init__(
-        self, *, model, alias, sql, params, places, names, converters, ordered, prepare=True
-    ) -> None:
+    def __init__(self, *, model, alias, sql, params, places, names, converters, ordered) -> None:
         self.model, self.alias, self.sql, self.params = model, alias, sql, params
         self.places, self.names, self.converters, self.ordered = places, names, converters, ordered
-        self.prepare = prepare
 
     def rows(self, values: tuple, suffix: str = "") -> list[dict]:
         fetched, connection = self._fetch(values, suffix)
@@ -114,11 +106,7 @@ class CompiledRead:
         for index, which in self.places:
             params[index] = values[which]
         connection = connections[self.alias]
-        if self.prepare:
-            return prepared.fetch(connection, self.sql + suffix, params), connection
-        with connection.cursor() as cursor:
-            cursor.execute(self.sql + suffix, params)
-            return cursor.fetchall(), connection
+        return prepared.fetch(connection, self.sql + suffix, params), connection
 
     def _steps(self, connection) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
         """(column, function of its value) for each column the ORM's compiler converts."""
@@ -168,16 +156,14 @@ def _column_converter(functions, expression, connection) -> Callable[[Any], Any]
     return chained
 
 
-def compile_read(
-    build: Callable[..., models.QuerySet], count: int, *, prepare: bool = True
-) -> CompiledRead | None:
+def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledRead | None:
     """The SQL of ``build(*values)``, a ``values()`` or ``values_list()`` queryset of
-    ``count`` values, compiled once, to run prepared unless ``prepare`` is False. ``build``
-    is called twice with different stand-ins, and the SQL is kept only when both compile to
-    the same text whose parameters differ exactly where the stand-ins are, every stand-in has
-    a place, and every other parameter is a constant (text, a number, a truth value, or one
-    of the model's choices): a query whose SQL or constants depend on anything else (a time,
-    a value the stand-ins don't reach) has none (None), and keeps the ORM's path."""
+    ``count`` values, compiled once. ``build`` is called twice with different stand-ins, and
+    the SQL is kept only when both compile to the same text whose parameters differ exactly
+    where the stand-ins are, every stand-in has a place, and every other parameter is a
+    constant (text, a number, a truth value, or one of a model's choices): a query whose SQL
+    or constants depend on anything else (a time, a value the stand-ins don't reach) has
+    none (None), and keeps the ORM's path."""
     compiled = []
     for stand_ins in STAND_INS:
         queryset = build(*stand_ins[:count])
@@ -220,5 +206,4 @@ def compile_read(
         names=names,
         converters=tuple(compiler.get_converters(fields).items()),
         ordered=queryset.ordered,
-        prepare=prepare,
     )
