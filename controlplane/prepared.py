@@ -67,7 +67,7 @@ def cursor(connection):
         with connection.cursor() as plain:
             yield plain
         return
-    with _cursor_of(connection, _preparing_cursor_class()) as prepared:
+    with _cursor_of(connection, _preparing_cursor_class(), prepare=True) as prepared:
         yield prepared
 
 
@@ -81,7 +81,7 @@ def client_cursor(connection):
         yield client
 
 
-def _cursor_of(connection, cursor_class) -> CursorWrapper:
+def _cursor_of(connection, cursor_class, *, prepare: bool = False) -> CursorWrapper:
     # As BaseDatabaseWrapper._cursor and the PostgreSQL backend's create_cursor do, with a
     # psycopg cursor of ``cursor_class``.
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, register_tzloader
@@ -90,7 +90,7 @@ def _cursor_of(connection, cursor_class) -> CursorWrapper:
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        if connection.connection.prepare_threshold is None:
+        if prepare and connection.connection.prepare_threshold is None:
             # Prepared statements off in the settings (None): a statement this module's
             # cursor runs a second time on the connection is prepared, one run once (a
             # deep page of a list) is not, and costs no round trip to prepare it.
@@ -116,11 +116,12 @@ def _unwatched_client_cursor_class():
         psycopg's clearing guards against."""
 
         def execute(self, query, params=None, **kwargs):
-            cache, self.connection.prepare_threshold = self.connection.prepare_threshold, None
+            threshold = self.connection.prepare_threshold
+            self.connection.prepare_threshold = None
             try:
                 return super().execute(query, params, **kwargs)
             finally:
-                self.connection.prepare_threshold = cache
+                self.connection.prepare_threshold = threshold
 
     return UnwatchedClientCursor
 
