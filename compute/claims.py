@@ -193,8 +193,9 @@ def claimed(vm: VirtualMachine, placement: Placement, *, at: datetime) -> None:
 class Prepared(NamedTuple):
     """A statement to run as a prepared statement of the connection (``execute_prepared``):
     ``sql`` with ``%(name)s`` parameters, its ``params``, the savepoint taken before it,
-    the prefix of its name, the statements run before every ``EXECUTE`` of it (``each``)
-    and ``preparing(prepare, execute)``, the statements that prepare it the first time."""
+    the prefix of its name, the statements run before and after every ``EXECUTE`` of it
+    (``each``, ``after``) and ``preparing(prepare, execute)``, the statements that prepare
+    it the first time."""
 
     sql: str
     params: dict
@@ -202,6 +203,7 @@ class Prepared(NamedTuple):
     prefix: str
     each: tuple[str, ...] = ()
     preparing: Callable[[str, str], tuple[str, ...]] = lambda prepare, execute: (prepare,)
+    after: tuple[str, ...] = ()
 
 
 def claim_statement(
@@ -245,6 +247,7 @@ def claim_statement(
         prefix="kumo_claim_",
         each=(_GENERIC,),
         preparing=_preparing_claim,
+        after=(_NOT_GENERIC,),
     )
 
 
@@ -316,7 +319,10 @@ def _prepared_form(sql: str, prefix: str) -> tuple[str, str, str]:
     return name, f"PREPARE {name} AS {body}", f"EXECUTE {name}({arguments})"
 
 
-_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"  # prepared statements only
+# The claim's cached plan, for the claim alone: every statement after it in the transaction
+# (bound server-side, ``controlplane.prepared``) is planned as PostgreSQL would plan it.
+_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
+_NOT_GENERIC = "SET LOCAL plan_cache_mode TO DEFAULT"
 
 
 def _preparing_claim(prepare: str, execute: str) -> tuple[str, ...]:
@@ -373,7 +379,7 @@ def execute_prepared(cursor, *statements: Prepared) -> list[list[tuple]]:
             if name not in known:
                 texts += statement.preparing(prepare, execute)
             answers.append(len(texts))
-            texts.append(execute)
+            texts += [execute, *statement.after]
         try:
             rows = _execute(cursor, *texts, params=params, answers=answers)
         except DatabaseError as e:

@@ -7,7 +7,9 @@ reports (``compute.services.steady``), hundreds a second. Sent with the values w
 the text, each is parsed and planned again every time; for small statements planning costs
 PostgreSQL more than running them. So Kumo's settings (``KUMO_DATABASE_PREPARED``, on by
 default) have psycopg bind values as parameters and keep each statement a connection runs a
-fifth time prepared on it (psycopg's statement cache, per connection).
+fifth time prepared on it (psycopg's statement cache, per connection), through Django's
+backend with one change (``controlplane.postgresql``: a statement of more values than
+PostgreSQL binds is sent with them in its text).
 
 - ``cursor(connection)`` is Django's cursor (its health check, error wrapping and query
   log, as ``connection.cursor()``) over a psycopg cursor that prepares what it runs again:

@@ -159,7 +159,13 @@ else:
         # ORM sends the same few hundred statements over and over, and PostgreSQL would
         # parse and plan each again. Off (0) behind a pooler that shares one server
         # connection among clients by transaction, which cannot keep statements prepared.
-        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+        # (The engine is Django's, with what a statement of over 65,535 values needs.)
+        DATABASES["default"]["ENGINE"] = "controlplane.postgresql"
+        DATABASES["default"]["OPTIONS"] = {
+            **DATABASES["default"].get("OPTIONS", {}),  # DATABASE_URL's own: sslmode, ...
+            "server_side_binding": True,
+            "prepare_threshold": 5,
+        }
 # DATABASE_TEST_NAME: name of the throwaway database the test suite creates. On SQLite it is a
 # file under KUMO_VAR_DIR (test_kumo.sqlite3 when unset, never Django's in-memory default), so
 # that the processes the end-to-end tests start (web, controller, agents) open it too.

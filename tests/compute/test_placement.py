@@ -337,7 +337,7 @@ def test_on_a_connection_that_binds_server_side_a_claim_goes_in_one_round_trip(m
     statements the connection prepared, its own or the claims'."""
     project = _project("solo")
     template = make_template(gpus=1)
-    kept, changed = make_vm(project, template), make_vm(project, template)
+    kept, changed, third = (make_vm(project, template) for _ in range(3))
     host = make_host("gpu-a")
     connection.close()
     options = {"server_side_binding": True, "prepare_threshold": 5}
@@ -361,8 +361,13 @@ def test_on_a_connection_that_binds_server_side_a_claim_goes_in_one_round_trip(m
             assert got.pk == kept.pk and chosen is not None
             got, chosen = placement.pending_claimed(queued)
             assert got.pk == changed.pk and chosen is None  # lost: undone
+            got, chosen = placement.pending_claimed(_queued(third))
+            assert got.pk == third.pk and chosen is not None
+            with connection.cursor() as cursor:  # the claim's cached plan was for it alone
+                cursor.execute("SHOW plan_cache_mode")
+                assert cursor.fetchone() == ("auto",)
         claims_sent = [sql for sql in sent if "EXECUTE kumo_" in sql]
-        assert len(claims_sent) == 2 and all("SAVEPOINT" in sql for sql in claims_sent)
+        assert len(claims_sent) == 3 and all("SAVEPOINT" in sql for sql in claims_sent)
         assert any("ROLLBACK TO SAVEPOINT kumo_claim" in sql for sql in sent)
         assert _held(kept)[0::2] == (1, 3)
         assert _held(changed)[0::2] == (0, 0)
