@@ -9,15 +9,12 @@ PostgreSQL more than running them. So Kumo's settings (``KUMO_DATABASE_PREPARED`
 default) have psycopg bind values as parameters and keep each statement a connection runs a
 fifth time prepared on it (psycopg's statement cache, per connection), through Django's
 backend with one change (``controlplane.postgresql``: a statement of more values than
-PostgreSQL binds is sent with them in its text).
+PostgreSQL binds is sent with them in its text). With the setting off, nothing is prepared
+but the claims' own statements (``compute.claims``), which notice a connection that lost
+them and prepare them again.
 
-- ``cursor(connection)`` is Django's cursor (its health check, error wrapping and query
-  log, as ``connection.cursor()``) over a psycopg cursor that prepares what it runs again:
-  the connection's own where the settings bind server-side, else one that binds
-  server-side and prepares a statement at its second run (the hottest reads are prepared
-  even with the setting off). On any other database it is ``connection.cursor()``.
-- ``fetch`` runs one read through it, and lets that read stand for the connection's health
-  check.
+- ``fetch`` runs one read on Django's cursor, and lets that read stand for the connection's
+  health check.
 - ``client_cursor(connection)`` is Django's cursor over a psycopg cursor that writes the
   values into the text, and that psycopg's statement cache does not watch: what a claim
   needs to send its savepoint, its own preparation and its statement as one string in one
@@ -33,7 +30,7 @@ from django.db.backends.utils import CursorWrapper
 
 
 def fetch(connection, sql: str, params) -> list[tuple]:
-    """The rows of one read statement, run through ``cursor``.
+    """The rows of one read statement.
 
     On a connection kept from an earlier request whose health check (``CONN_HEALTH_CHECKS``)
     is still to be done, the statement is the check: Django would first send ``SELECT 1``,
@@ -51,26 +48,16 @@ def fetch(connection, sql: str, params) -> list[tuple]:
     if probe:
         connection.health_check_done = True
     try:
-        with cursor(connection) as executing:
+        with connection.cursor() as executing:
             executing.execute(sql, params)
             return executing.fetchall()
     except (OperationalError, InterfaceError):
         if not probe or connection.is_usable():
             raise
     connection.close()  # lost while idle: a new connection, as the health check would open
-    with cursor(connection) as executing:
+    with connection.cursor() as executing:
         executing.execute(sql, params)
         return executing.fetchall()
-
-
-@contextmanager
-def cursor(connection):
-    if connection.vendor != "postgresql" or connection.features.uses_server_side_binding:
-        with connection.cursor() as plain:
-            yield plain
-        return
-    with _cursor_of(connection, _preparing_cursor_class(), prepare=True) as prepared:
-        yield prepared
 
 
 @contextmanager
@@ -83,7 +70,7 @@ def client_cursor(connection):
         yield client
 
 
-def _cursor_of(connection, cursor_class, *, prepare: bool = False) -> CursorWrapper:
+def _cursor_of(connection, cursor_class) -> CursorWrapper:
     # As BaseDatabaseWrapper._cursor and the PostgreSQL backend's create_cursor do, with a
     # psycopg cursor of ``cursor_class``.
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, register_tzloader
@@ -92,11 +79,6 @@ def _cursor_of(connection, cursor_class, *, prepare: bool = False) -> CursorWrap
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        if prepare and connection.connection.prepare_threshold is None:
-            # Prepared statements off in the settings (None): a statement this module's
-            # cursor runs a second time on the connection is prepared, one run once (a
-            # deep page of a list) is not, and costs no round trip to prepare it.
-            connection.connection.prepare_threshold = 1
         raw = cursor_class(connection.connection)
         loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
         if connection.timezone != loader.timezone:
@@ -126,34 +108,3 @@ def _unwatched_client_cursor_class():
                 self.connection.prepare_threshold = threshold
 
     return UnwatchedClientCursor
-
-
-@cache
-def _preparing_cursor_class():
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    class PreparingCursor(ServerBindingCursor):
-        def execute(self, query, params=None, *, prepare=None, binary=None):
-            try:
-                return super().execute(query, params, prepare=prepare, binary=binary)
-            finally:
-                self._query = _Executed(self.connection, query, params)
-
-    return PreparingCursor
-
-
-class _Executed:
-    """The statement a cursor last ran, where Django's query log reads it
-    (``cursor._query.query``, which psycopg leaves unset for a prepared statement): its SQL
-    with the values written in, as Django logs its own statements, composed only when read."""
-
-    __slots__ = ("connection", "params", "sql")
-
-    def __init__(self, connection, sql, params) -> None:
-        self.connection, self.sql, self.params = connection, sql, params
-
-    @property
-    def query(self) -> bytes:
-        from psycopg import ClientCursor
-
-        return ClientCursor(self.connection).mogrify(self.sql, self.params).encode()

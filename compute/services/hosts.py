@@ -11,7 +11,7 @@ from django.utils.dateparse import parse_datetime
 
 from compute.choices import OPERATOR_STATES, HostState, PowerState, VmState
 from compute.models import Host, VirtualMachine
-from controlplane import agents, audit, prepared
+from controlplane import agents, audit
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.services import operation_create
 
@@ -32,7 +32,7 @@ def host_heartbeat_reported(*, host: str, payload: dict, sent_at: datetime) -> N
         host_heartbeat(host=host, payload=payload, sent_at=sent_at)
         return
     version, uri, capabilities, started = _heartbeat_fields(payload)
-    with prepared.cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             _STILL_HERE,
             [

@@ -19,7 +19,6 @@ from django.utils import timezone
 from compute.choices import PowerState, VmState
 from compute.models import Host, OrphanGuest, VirtualMachine
 from compute.services import reclaim
-from controlplane import prepared
 
 # A settled VM's state, and the power its guest is in then.
 _SETTLED = {VmState.RUNNING: PowerState.RUNNING, VmState.STOPPED: PowerState.SHUTOFF}
@@ -57,7 +56,7 @@ def guests_in_step(host: str, reported: dict, sent_at: datetime) -> bool:
     if connection.vendor != "postgresql":
         return False
     now = timezone.now()
-    with transaction.atomic(), prepared.cursor(connection) as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_READ, [sent_at, now, host, sent_at])
         rows = cursor.fetchall()
         if not rows:

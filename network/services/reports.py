@@ -9,7 +9,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from compute.models import Host
-from controlplane import prepared
 from network.models import HostNetwork
 from network.services._common import _hosts_changed
 
@@ -87,7 +86,7 @@ def _in_step(host: str, payload: dict, sent_at) -> bool:
         return False  # the full handler says what is wrong with it
     if not payload.get("ok", True) or connection.vendor != "postgresql":
         return False  # (the statement is PostgreSQL's: elsewhere the full handler runs)
-    with prepared.cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             _IN_STEP,
             [
