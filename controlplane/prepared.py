@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from functools import cache
 
 from django.db import InterfaceError, OperationalError
-from django.db.backends.utils import CursorWrapper
 
 
 def fetch(connection, sql: str, params) -> list[tuple]:
@@ -66,24 +65,20 @@ def client_cursor(connection):
         with connection.cursor() as plain:
             yield plain
         return
-    with _cursor_of(connection, _unwatched_client_cursor_class()) as client:
-        yield client
-
-
-def _cursor_of(connection, cursor_class) -> CursorWrapper:
-    # As BaseDatabaseWrapper._cursor and the PostgreSQL backend's create_cursor do, with a
-    # psycopg cursor of ``cursor_class``.
+    # As BaseDatabaseWrapper._cursor and the PostgreSQL backend's create_cursor make a
+    # cursor, of the class below.
     from django.db.backends.postgresql.base import TIMESTAMPTZ_OID, register_tzloader
     from psycopg.pq import Format
 
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     with connection.wrap_database_errors:
-        raw = cursor_class(connection.connection)
+        raw = _unwatched_client_cursor_class()(connection.connection)
         loader = connection.connection.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
         if connection.timezone != loader.timezone:
             register_tzloader(connection.timezone, raw)
-        return connection._prepare_cursor(raw)
+    with connection._prepare_cursor(raw) as client:
+        yield client
 
 
 @cache
