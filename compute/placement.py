@@ -30,7 +30,6 @@ import random
 import threading
 import time
 from collections import Counter
-from enum import Enum
 from functools import cache
 from typing import NamedTuple
 from uuid import UUID
@@ -38,7 +37,6 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery
-from django.db.models.query import get_related_populators
 from django.utils import timezone
 
 from compute import leases
@@ -65,7 +63,7 @@ from compute.scheduler import (
     Scheduler,
 )
 from controlplane import prepared
-from controlplane.compiled import CompiledRead, compile_read
+from controlplane.compiled import Compiled, CompiledRead, compile_read
 
 log = logging.getLogger(__name__)
 
@@ -299,82 +297,44 @@ def pending_locked(pk, *, skip_locked: bool = False) -> VirtualMachine | None:
     None when it is no longer such a VM (or, with ``skip_locked``, while another
     transaction holds it). What a scheduler reads before it places a VM.
 
-    On PostgreSQL the ORM's SQL for it is compiled once per thread (``_CompiledLock``) and
-    runs as a prepared statement of the connection, in a savepoint, the way the claim runs
+    On PostgreSQL the ORM's SQL for it is compiled once (``_PENDING``) and runs as a
+    prepared statement of the connection, in a savepoint, the way the claim runs
     (``compute.claims.execute_prepared``): compiling the query and planning it again for
     every VM would cost more than the claim that follows. The VM and its related objects
-    are built from the row exactly as the ORM builds them (its converters, ``from_db``, its
-    related-object populators). Elsewhere it is the ORM's query itself."""
+    are built from the row as the ORM builds them. Elsewhere it is the ORM's query itself."""
     if connection.vendor != "postgresql":
         return _pending(pk, skip_locked=skip_locked).first()
-    return _compiled_lock(skip_locked).get(pk)
+    read = _PENDING[skip_locked].read()
+    with prepared.client_cursor(connection) as cursor:
+        (rows,) = execute_prepared(cursor, _lock_statement(read, pk))
+    return _first(read.built(rows))
 
 
-def _compiled_lock(skip_locked: bool) -> _CompiledLock:
-    compiled = getattr(_compiled_locks, "by_skip_locked", None)
-    if compiled is None:
-        compiled = _compiled_locks.by_skip_locked = {}
-    if skip_locked not in compiled:
-        compiled[skip_locked] = _CompiledLock(skip_locked)
-    return compiled[skip_locked]
+#: ``_pending``, compiled (``controlplane.compiled``), by ``skip_locked``.
+_PENDING = {
+    skip: Compiled(lambda pk, skip=skip: _pending(pk, skip_locked=skip), UUID)
+    for skip in (False, True)
+}
 
 
-class _CompiledLock:
-    """``_pending``'s SQL and how the ORM turns its row into objects, kept from one
-    compilation on this thread's connection: each call binds its VM's key and runs it."""
-
-    _STAND_IN = UUID(int=0)
-
-    def __init__(self, skip_locked: bool) -> None:
-        queryset = _pending(self._STAND_IN, skip_locked=skip_locked)
-        compiler = queryset.query.get_compiler(using=queryset.db)
-        sql, params = compiler.as_sql()  # raises outside a transaction, as the ORM does
-        key = VirtualMachine._meta.pk
-        stand_in = key.get_db_prep_value(self._STAND_IN, connection)
-        places = [i for i, value in enumerate(params) if value == stand_in]
-        if len(places) != 1 or "%%" in sql or sql.count("%s") != len(params):
-            raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
-        parts = sql.split("%s")
-        self.sql = parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
-        # A choice's plain value: psycopg dumps a str faster than a str that is an Enum.
-        self.params = {
-            f"p{i}": value.value if isinstance(value, Enum) else value
-            for i, value in enumerate(params)
-        }
-        self.place, self.key = f"p{places[0]}", key
-        self.compiler, self.db = compiler, queryset.db
-        klass_info, select = compiler.klass_info, compiler.select
-        fields = klass_info["select_fields"]
-        self.start, self.end = fields[0], fields[-1] + 1
-        self.init_list = [column[0].target.attname for column in select[self.start : self.end]]
-        self.populators = get_related_populators(klass_info, select, self.db)
-        self.converters = compiler.get_converters([s[0] for s in select[: compiler.col_count]])
-
-    def statement(self, pk) -> Prepared:
-        """The lock of VM ``pk``, as ``execute_prepared`` runs it; its rows for ``built``."""
-        # The key as a str: psycopg dumps a UUID in Python.
-        params = self.params | {self.place: str(self.key.get_db_prep_value(pk, connection))}
-        return Prepared(self.sql, params, savepoint="kumo_lock", prefix="kumo_lock_")
-
-    def built(self, rows: list[tuple]) -> VirtualMachine | None:
-        """The VM (with its related objects) of the lock's ``rows``; None without one."""
-        if not rows:
-            return None
-        if self.converters:
-            rows = self.compiler.apply_converters(rows, self.converters)
-        row = next(iter(rows))
-        vm = VirtualMachine.from_db(self.db, self.init_list, row[self.start : self.end])
-        for populator in self.populators:
-            populator.populate(row, vm)
-        return vm
-
-    def get(self, pk) -> VirtualMachine | None:
-        with prepared.client_cursor(connection) as cursor:
-            (rows,) = execute_prepared(cursor, self.statement(pk))
-        return self.built(rows)
+def _lock_statement(read: CompiledRead, pk) -> Prepared:
+    """The lock of VM ``pk`` (``read``: ``_PENDING``'s), as ``execute_prepared`` runs it,
+    its parameters named; its rows for ``read.built``."""
+    params = {f"p{i}": value for i, value in enumerate(read.bound((pk,)))}
+    return Prepared(_named(read.sql), params, savepoint="kumo_lock", prefix="kumo_lock_")
 
 
-_compiled_locks = threading.local()  # by_skip_locked: {skip_locked: _CompiledLock}, per thread
+@cache
+def _named(sql: str) -> str:
+    """``sql`` with its parameters named ``p0``, ``p1``, … in order."""
+    if "%%" in sql:
+        raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
+    parts = sql.split("%s")
+    return parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
+
+
+def _first(objects: list):
+    return objects[0] if objects else None
 
 
 class Queued(NamedTuple):
@@ -440,9 +400,9 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
             chosen = None
         else:
             scheduler.reserve(chosen, req)
-    lock = _compiled_lock(skip_locked=True)
     if chosen is None:
-        return lock.get(queued.pk), None
+        return pending_locked(queued.pk, skip_locked=True), None
+    lock = _PENDING[True].read()
     now = timezone.now()
     claim = claim_statement(
         queued,
@@ -453,8 +413,8 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
         skip_locked_vm=True,
     )
     with prepared.client_cursor(connection) as cursor:
-        rows, (answer,) = execute_prepared(cursor, lock.statement(queued.pk), claim)
-    vm = lock.built(rows)
+        rows, (answer,) = execute_prepared(cursor, _lock_statement(lock, queued.pk), claim)
+    vm = _first(lock.built(rows))
     failure = claim_failure(answer, queued, chosen)
     if vm is not None and Queued.of(vm) == queued and failure is None:
         claimed(vm, chosen, at=now)

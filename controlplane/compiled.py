@@ -3,16 +3,23 @@
 Django builds and compiles a queryset's SQL at every call: for the small reads that run on
 every request, report or release, that costs more than the database takes to answer them.
 ``compile_read(build, count)`` calls ``build`` (a function of ``count`` values that returns a
-``values()`` or ``values_list()`` queryset) twice with different stand-ins and keeps the SQL
-when the two compilations differ only where the stand-ins are: each later run binds its own
-values there and runs that SQL, its rows converted as the ORM's compiler converts them. The
-statement stays the ORM's own, so it cannot drift from the queryset it was compiled from.
+queryset: model objects, ``values()`` or ``values_list()``) twice with different stand-ins
+and keeps the SQL when the two compilations differ only where the stand-ins are: each later
+run binds its own values there and runs that SQL, its rows converted and its objects built
+as the ORM does. The statement stays the ORM's own, so it cannot drift from the queryset it
+was compiled from. Values are integers unless ``kinds`` says otherwise (``UUID``, ``str``):
+a VM's key, a usage interval's subject.
+
+``Compiled(build, *kinds)`` is such a read declared once beside the code that runs it,
+compiled on its first run for each kind of database.
 
 A read runs as a statement PostgreSQL keeps prepared on the connection
 (``controlplane.prepared``).
 
-Used by the API's list and detail answers (``controlplane.api.fastread``) and by the
-scheduler's read of one host (``compute.placement``).
+Used by the API's list and detail answers (``controlplane.api.fastread``), the scheduler's
+read of one host and its lock of a pending VM (``compute.placement``), and the reads every
+message to a host agent and every usage interval make (``compute``, ``network``,
+``storage``, ``tenants``).
 """
 
 from __future__ import annotations
@@ -21,33 +28,124 @@ import json
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
+from uuid import UUID
 
 from django.core.exceptions import EmptyResultSet
+from django.db import connection as default_connection
 from django.db import connections, models
 from django.db.models.fields.json import KeyTransform
-from django.db.models.query import ValuesIterable, ValuesListIterable
+from django.db.models.query import (
+    ModelIterable,
+    ValuesIterable,
+    ValuesListIterable,
+    get_related_populators,
+)
 
 from controlplane import prepared
 
-# The stand-ins of a compiled read's per-request values, one set per compilation: the places
-# where the two compilations' parameters differ, each by its own stand-in, are theirs. They are
-# negative, as no key of Kumo's is, so no constant of the query can be taken for one (and
-# within a 32-bit integer's range, which Django checks a key against).
-STAND_INS = ((-2_013_560_101, -2_013_560_102), (-2_013_560_111, -2_013_560_112))
+
+def stand_in(kind: type, which: int, position: int):
+    """The stand-in of value ``position`` of kind ``kind`` in compilation ``which`` (0 or 1):
+    the places where the two compilations' parameters differ, each by its own stand-in, are
+    the values'. An integer is negative, as no key of Kumo's is, so no constant of the query
+    can be taken for one (and within a 32-bit integer's range, which Django checks a key
+    against); a UUID and a text are ones no row holds."""
+    if kind is int:
+        return -2_013_560_101 - 10 * which - position
+    if kind is UUID:
+        return UUID(int=(0x6B756D6F << 96) | (which << 32) | position)
+    if kind is str:
+        return f"\x1fkumo stand-in {which}.{position}"
+    raise TypeError(f"no stand-in for {kind.__name__} values")
+
+
+#: The integer stand-ins of both compilations (``stand_in``), for up to two values.
+STAND_INS = tuple(tuple(stand_in(int, which, n) for n in range(2)) for which in (0, 1))
+
+
+_UUIDS = models.UUIDField()
+
+
+def _as_uuid(value) -> UUID:
+    """``value`` as a UUID, refused as the ORM refuses a value that is none."""
+    return value if type(value) is UUID else _UUIDS.to_python(value)
+
+
+def _binding(kind: type, param, first, second, other) -> Callable[[Any], Any] | None:
+    """How a value of ``kind`` is bound where the compilations put ``param`` and ``other``
+    for its stand-ins ``first`` and ``second``: ``None`` when that place is not the value's.
+    A key of a model's ``UUIDField`` is bound as the field binds it on the database: the
+    UUID itself where the database has the type (PostgreSQL), its hex digits elsewhere."""
+    if kind is UUID:
+        if type(param) is UUID and param == first and other == second:
+            return _as_uuid
+        if param == first.hex and other == second.hex:
+            return lambda value: _as_uuid(value).hex
+        return None
+    if type(param) is kind and param == first and other == second:
+        return _identity
+    return None
+
+
+def _identity(value):
+    return value
 
 
 class CompiledRead:
-    """A ``values()`` or ``values_list()`` query's SQL compiled once, and how to run it again
-    with other values where its stand-ins were (``compile_read``): rows as ``values()``
-    answers them (``rows``) or as tuples in the same order (``tuples``), each column converted
-    as the ORM's compiler converts it. Only the SQL text and constants are kept between runs;
-    every value a run is given is a bound parameter of that run."""
+    """A query's SQL compiled once, and how to run it again with other values where its
+    stand-ins were (``compile_read``): a ``values()`` or ``values_list()`` query's rows as
+    ``values()`` answers them (``rows``) or as tuples in the same order (``tuples``), each
+    column converted as the ORM's compiler converts it; a query of model objects' objects
+    (``objects``), built as the ORM builds them, its ``select_related`` objects included. Only
+    the SQL text and constants are kept between runs; every value a run is given is a bound
+    parameter of that run."""
 
-    __slots__ = ("alias", "converters", "model", "names", "ordered", "params", "places", "sql")
+    __slots__ = (
+        "alias",
+        "building",
+        "converters",
+        "model",
+        "names",
+        "ordered",
+        "params",
+        "places",
+        "sql",
+    )
 
-    def __init__(self, *, model, alias, sql, params, places, names, converters, ordered) -> None:
+    def __init__(
+        self, *, model, alias, sql, params, places, names, converters, ordered, building=None
+    ) -> None:
         self.model, self.alias, self.sql, self.params = model, alias, sql, params
         self.places, self.names, self.converters, self.ordered = places, names, converters, ordered
+        self.building = building
+
+    def objects(self, values: tuple, suffix: str = "") -> list:
+        """The model objects of a query of them, as the ORM builds them."""
+        return self.built(self._fetch(values, suffix)[0])
+
+    def built(self, fetched: list[tuple]) -> list:
+        """The model objects of rows this read's SQL answered (a caller that ran it itself)."""
+        start, end, init_list, populators = self.building
+        connection = connections[self.alias]
+        steps, from_db, alias = self._steps(connection), self.model.from_db, self.alias
+        answer = []
+        for row in fetched:
+            if steps:
+                row = list(row)
+                for position, convert in steps:
+                    row[position] = convert(row[position])
+            obj = from_db(alias, init_list, row[start:end])
+            for populator in populators:
+                populator.populate(row, obj)
+            answer.append(obj)
+        return answer
+
+    def bound(self, values: tuple) -> list:
+        """The statement's parameters with ``values`` in their places."""
+        params = list(self.params)
+        for index, which, bind in self.places:
+            params[index] = bind(values[which])
+        return params
 
     def rows(self, values: tuple, suffix: str = "") -> list[dict]:
         fetched, connection = self._fetch(values, suffix)
@@ -103,11 +201,8 @@ class CompiledRead:
         return answers, first
 
     def _fetch(self, values: tuple, suffix: str) -> tuple[list[tuple], Any]:
-        params = list(self.params)
-        for index, which in self.places:
-            params[index] = values[which]
         connection = connections[self.alias]
-        return prepared.fetch(connection, self.sql + suffix, params), connection
+        return prepared.fetch(connection, self.sql + suffix, self.bound(values)), connection
 
     def _steps(self, connection) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
         """(column, function of its value) for each column the ORM's compiler converts."""
@@ -157,19 +252,31 @@ def _column_converter(functions, expression, connection) -> Callable[[Any], Any]
     return chained
 
 
-def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledRead | None:
-    """The SQL of ``build(*values)``, a ``values()`` or ``values_list()`` queryset of
-    ``count`` values, compiled once. ``build`` is called twice with different stand-ins, and
-    the SQL is kept only when both compile to the same text whose parameters differ exactly
+def compile_read(
+    build: Callable[..., models.QuerySet], count: int, kinds: tuple[type, ...] = ()
+) -> CompiledRead | None:
+    """The SQL of ``build(*values)``, a queryset of ``count`` values (of ``kinds``, integers
+    by default), compiled once. ``build`` is called twice with different stand-ins, and the
+    SQL is kept only when both compile to the same text whose parameters differ exactly
     where the stand-ins are, every stand-in has a place, and every other parameter is a
     constant (text, a number, a truth value, or one of a model's choices): a query whose SQL
     or constants depend on anything else (a time, a value the stand-ins don't reach) has
-    none (None), and keeps the ORM's path."""
+    none (None), and keeps the ORM's path. So has a query of objects that annotates them,
+    prefetches or knows related objects (a related manager's): what the ORM adds to its
+    objects beyond their rows."""
+    kinds = tuple(kinds) or (int,) * count
+    if len(kinds) != count:
+        raise TypeError(f"{count} values, {len(kinds)} kinds")
+    sets = [tuple(stand_in(kind, which, n) for n, kind in enumerate(kinds)) for which in (0, 1)]
     compiled = []
-    for stand_ins in STAND_INS:
-        queryset = build(*stand_ins[:count])
+    for stand_ins in sets:
+        queryset = build(*stand_ins)
         rows_as = None if queryset is None else queryset._iterable_class
-        if rows_as not in (ValuesIterable, ValuesListIterable):
+        if rows_as not in (ValuesIterable, ValuesListIterable, ModelIterable):
+            return None
+        if rows_as is ModelIterable and (
+            queryset._prefetch_related_lookups or queryset._known_related_objects
+        ):
             return None
         compiler = queryset.query.get_compiler(using=queryset.db)
         try:
@@ -180,25 +287,38 @@ def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledR
     (queryset, compiler, sql, params), (_, _, other_sql, other_params) = compiled
     if sql != other_sql or len(params) != len(other_params):
         return None
-    first_set, second_set = (stand_ins[:count] for stand_ins in STAND_INS)
     places = []
-    for index, (first, second) in enumerate(zip(params, other_params, strict=True)):
-        which = first_set.index(first) if type(first) is int and first in first_set else None
-        if which is not None and second == second_set[which]:
-            places.append((index, which))
-        elif first != second or not isinstance(first, str | int) or second in second_set:
+    for index, (param, other) in enumerate(zip(params, other_params, strict=True)):
+        found = [
+            (which, bind)
+            for which, kind in enumerate(kinds)
+            if (bind := _binding(kind, param, sets[0][which], sets[1][which], other))
+        ]
+        if found:
+            places.append((index, *found[0]))
+        elif param != other or not isinstance(param, str | int) or other in sets[1]:
             return None
     # A choice's plain value: psycopg dumps a str faster than a str that is an Enum.
     params = tuple(value.value if isinstance(value, Enum) else value for value in params)
     fields = [column[0] for column in compiler.select[: compiler.col_count]]
-    if {which for _, which in places} != set(range(count)) or compiler.has_composite_fields(fields):
+    if {which for _, which, _ in places} != set(range(count)) or compiler.has_composite_fields(
+        fields
+    ):
         return None
-    query = queryset.query
-    if query.selected:
+    query, building = queryset.query, None
+    if queryset._iterable_class is ModelIterable:
+        info = compiler.klass_info
+        if compiler.annotation_col_map or info is None:
+            return None
+        start, end = info["select_fields"][0], info["select_fields"][-1] + 1
+        init_list = [column[0].target.attname for column in compiler.select[start:end]]
+        populators = get_related_populators(info, compiler.select, queryset.db)
+        names, building = (), (start, end, init_list, populators)
+    elif query.selected:
         names = tuple(query.selected)
     else:
         names = (*query.extra_select, *query.values_select, *query.annotation_select)
-    if len(names) != len(fields):
+    if building is None and len(names) != len(fields):
         return None
     return CompiledRead(
         model=queryset.model,
@@ -209,4 +329,40 @@ def compile_read(build: Callable[..., models.QuerySet], count: int) -> CompiledR
         names=names,
         converters=tuple(compiler.get_converters(fields).items()),
         ordered=queryset.ordered,
+        building=building,
     )
+
+
+class Compiled:
+    """A read declared once, where the module that runs it is loaded, and compiled on its
+    first run for each kind of database (``compile_read``): ``build`` is a function of one
+    value of each of ``kinds`` (none: a read of no values) that returns the queryset. A
+    read that cannot be compiled raises ``AssertionError`` at its first run (a change to it
+    the compiler cannot keep, which a test of the code that runs it meets), never falls
+    back to the ORM without a word."""
+
+    __slots__ = ("build", "kinds", "reads")
+
+    def __init__(self, build: Callable[..., models.QuerySet], *kinds: type) -> None:
+        self.build, self.kinds = build, kinds
+        self.reads: dict[str, CompiledRead] = {}
+
+    def read(self) -> CompiledRead:
+        """The read compiled for the default connection's kind of database."""
+        vendor = default_connection.vendor
+        read = self.reads.get(vendor)
+        if read is None:
+            read = compile_read(self.build, len(self.kinds), self.kinds)
+            if read is None:
+                raise AssertionError(f"{self.build.__qualname__} cannot be compiled")
+            self.reads[vendor] = read
+        return read
+
+    def objects(self, *values) -> list:
+        return self.read().objects(values)
+
+    def tuples(self, *values) -> list[tuple]:
+        return self.read().tuples(values)
+
+    def rows(self, *values) -> list[dict]:
+        return self.read().rows(values)

@@ -5,8 +5,10 @@ read with the caller's membership (``tenants.selectors.token_by_prefix``). Each 
 the path it replaces does."""
 
 from datetime import UTC, datetime
+from uuid import UUID, uuid4
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.paginator import EmptyPage, PageNotAnInteger
 from django.core.paginator import Paginator as DjangoPaginator
 from django.db.models import Count
@@ -262,11 +264,57 @@ def test_a_read_is_compiled_only_when_its_values_are_its_only_variables(project)
         "a time in the query": lambda p: events.filter(project_id=p, at__lt=timezone.now()),
         "a value the stand-in does not reach": lambda p: events.filter(project_id=project.pk),
         "a value that is not a column's": lambda p: events.filter(project__slug=str(p)),
-        "models, not values()": lambda p: AuditEvent.objects.filter(project_id=p),
+        "models with what the ORM adds beyond their rows": lambda p: AuditEvent.objects.filter(
+            project_id=p
+        ).prefetch_related("project"),
+        "models annotated": lambda p: AuditEvent.objects.filter(project_id=p).annotate(
+            n=Count("pk")
+        ),
         "a query nothing can match": lambda p: events.filter(project_id=p, pk__in=[]),
     }
     for reason, build in refused.items():
         assert compile_read(build, 1) is None, reason
+
+
+@pytest.mark.embedded
+def test_a_compiled_read_builds_the_orms_objects_keyed_by_a_uuid_or_a_text(project, other_project):
+    """A read of model objects with their ``select_related`` objects, keyed by a UUID (bound
+    as the database takes a ``UUIDField``: the UUID on PostgreSQL, its hex digits on SQLite,
+    the embedded pass) or by a text, answers the objects the ORM builds; a value that is not
+    the read's kind is refused as the ORM refuses it."""
+    from controlplane.compiled import Compiled
+    from controlplane.models import Operation
+    from controlplane.services import operation_create
+
+    operations = [
+        operation_create(kind="vm.create", target=target, project=owner)
+        for target, owner in ((project, project), (other_project, other_project), (project, None))
+    ]
+    by_key = Compiled(lambda pk: Operation.objects.filter(pk=pk).select_related("project"), UUID)
+    by_target = Compiled(
+        lambda target: Operation.objects.filter(target_id=target).order_by("created_at"), str
+    )
+
+    def seen(objects):
+        return [
+            (vars(o) | {"_state": None}, o.project and vars(o.project) | {"_state": None})
+            for o in objects
+        ]
+
+    for operation in operations:
+        ours = by_key.objects(operation.pk)
+        assert seen(ours) == seen(
+            Operation.objects.filter(pk=operation.pk).select_related("project")
+        )
+        assert ours[0]._state.adding is False and ours[0]._state.db == "default"
+        assert by_key.objects(str(operation.pk))[0].pk == operation.pk  # as a report names it
+        targets = Operation.objects.filter(target_id=operation.target_id).order_by("created_at")
+        assert seen(by_target.objects(operation.target_id)) == seen(targets)
+    assert by_key.objects(uuid4()) == [] and by_target.objects("nobody's") == []
+    with pytest.raises(ValidationError):
+        Operation.objects.filter(pk="not a uuid").first()
+    with pytest.raises(ValidationError):
+        by_key.objects("not a uuid")
 
 
 @pytest.mark.postgres
