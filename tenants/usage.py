@@ -38,6 +38,7 @@ from django.db.models import F, Max, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from controlplane.compiled import Compiled
 from tenants.choices import BillingPriority, UsageResource
 from tenants.models import UsageRecord
 
@@ -95,14 +96,24 @@ def vm_usage_sync(vm, at: datetime | None = None) -> int:
     )
 
 
+# Every state change of a VM reads its intervals: compiled once (``controlplane.compiled``).
+_INTERVALS = Compiled(
+    lambda subject_type, subject_id: UsageRecord.objects.filter(
+        subject_type=subject_type, subject_id=subject_id
+    ).values_list("pk", "resource", "model", "quantity", "priority", "ended_at"),
+    str,
+    str,
+)
+
+
 def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> int:
     """At most three queries, two in the common case (a VM placed or stopped): the
     subject's intervals (open ones and the last end of each resource, in one read); one
     UPDATE closing those that no longer match; one INSERT for those to open."""
     mine = UsageRecord.objects.filter(subject_type=subject_type, subject_id=subject_id)
     open_, last_end = {}, {}
-    for pk, resource, model, quantity, priority, ended_at in mine.values_list(
-        "pk", "resource", "model", "quantity", "priority", "ended_at"
+    for pk, resource, model, quantity, priority, ended_at in _INTERVALS.tuples(
+        subject_type, subject_id
     ):
         key = (resource, model)
         if ended_at is None:

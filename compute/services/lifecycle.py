@@ -8,6 +8,7 @@ build on it; it imports none of them at import time.
 
 import time
 from pathlib import PurePosixPath
+from uuid import UUID
 
 from django.conf import settings
 from django.db.models import F, Q
@@ -15,12 +16,13 @@ from django.utils import timezone
 
 from compute import placement
 from compute.choices import DesiredPower, VmState, VmTask
-from compute.models import VirtualMachine
+from compute.models import Device, VirtualMachine
 from compute.protocol import VM_APPLY_TASK, DeviceWire, InterfaceWire, VmApply
 from compute.scheduler import NoValidHost
 from compute.services.images import image_fetch
 from controlplane import agents
 from controlplane.choices import OperationState
+from controlplane.compiled import Compiled
 from controlplane.errors import Conflict
 from controlplane.models import Operation
 from controlplane.services import DEADLINE_EXCEEDED, operation_create, operation_finish
@@ -122,7 +124,7 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
             vendor_id=d.vendor_id,
             product_id=d.product_id,
         )
-        for d in sorted(vm.devices.all(), key=lambda d: d.pci_address)
+        for d in sorted(_devices(vm), key=lambda d: d.pci_address)
     )
     return VmApply(
         vm_id=str(vm.pk),
@@ -158,6 +160,16 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
     )
 
 
+def _devices(vm: VirtualMachine):
+    """``vm``'s devices: those read with it (``prefetch_related("devices")``), or read now."""
+    prefetched = getattr(vm, "_prefetched_objects_cache", {}).get("devices")
+    return prefetched if prefetched is not None else _DEVICES.objects(vm.pk)
+
+
+# Every message to a host that builds a guest reads its devices: compiled once.
+_DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
+
+
 def send_apply(vm: VirtualMachine, *, operation_id: str = "") -> None:
     """Send the host its work for ``vm`` once the current transaction commits."""
     if vm.host_id is None or desired_power(vm) is None:
@@ -188,25 +200,36 @@ def open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
     )
 
 
+VM_TARGET = VirtualMachine._meta.label_lower  # an operation's ``target_type`` for a VM
+
+
 def vm_operations(vm: VirtualMachine):
-    return Operation.objects.filter(target_type="compute.virtualmachine", target_id=str(vm.pk))
+    return Operation.objects.filter(target_type=VM_TARGET, target_id=str(vm.pk))
 
 
 def current_operation(vm: VirtualMachine) -> str:
     """The id of the newest operation on ``vm`` a host's answer may still finish: unfinished,
     or failed by the reaper's deadline alone (a late success overturns that;
     ``controlplane.services.operation_finish``)."""
-    op = (
-        vm_operations(vm)
-        .filter(
+    found = _CURRENT_OPERATION.tuples(str(vm.pk))
+    return str(found[0][0]) if found else ""
+
+
+# Every message about a VM that its host answers names that operation: compiled once
+# (``controlplane.compiled``).
+_CURRENT_OPERATION = Compiled(
+    lambda target_id: (
+        Operation.objects.filter(
             Q(state__in=[OperationState.PENDING, OperationState.RUNNING])
-            | Q(state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED)
+            | Q(state=OperationState.FAILED, error_code=DEADLINE_EXCEEDED),
+            target_type=VM_TARGET,
+            target_id=target_id,
         )
         .order_by("-created_at")
-        .values_list("pk", flat=True)
-        .first()
-    )
-    return str(op) if op else ""
+        .values_list("pk")[:1]
+    ),
+    str,
+)
 
 
 def supersede_operations(vm: VirtualMachine, by: str) -> None:

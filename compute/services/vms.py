@@ -45,6 +45,7 @@ from compute.services.lifecycle import (
     transition,
 )
 from controlplane import agents, audit
+from controlplane.compiled import Compiled
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
@@ -189,6 +190,29 @@ def _create_ports(vm: VirtualMachine, nics) -> None:
         )
 
 
+# The plain spot sizes waiting, and those of them with VMs not yet told why: every pass reads
+# them, compiled once (``controlplane.compiled``).
+_SIZES_WAITING = Compiled(
+    lambda: (
+        VirtualMachine.objects.filter(QUEUED)
+        .filter(PLAIN_SPOT)
+        .values_list(*SIZE)
+        .distinct()
+        .order_by()
+    )
+)
+_SIZES_UNTOLD = Compiled(
+    lambda: (
+        VirtualMachine.objects.filter(QUEUED)
+        .filter(PLAIN_SPOT)
+        .filter(UNTOLD)
+        .values_list(*SIZE)
+        .distinct()
+        .order_by()
+    )
+)
+
+
 def vm_schedule_pending(*, limit: int = 100) -> int:
     """Try to place up to ``limit`` pending VMs, oldest first; returns how many were placed.
     Each VM is placed in its own transaction, so one failure holds up no other.
@@ -216,10 +240,8 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
     # than want of room for it (told when they joined the queue, a VM is told that reason:
     # ``vm_create``, ``lifecycle.requeue``). Only a size with such VMs is told at the end:
     # a pass over a queue told already writes nothing and builds no statement to check it.
-    untold = dict.fromkeys(plain_spot.values_list(*SIZE).distinct().order_by(), False)
-    untold.update(
-        dict.fromkeys(plain_spot.filter(UNTOLD).values_list(*SIZE).distinct().order_by(), True)
-    )
+    untold = dict.fromkeys(_SIZES_WAITING.tuples(), False)
+    untold.update(dict.fromkeys(_SIZES_UNTOLD.tuples(), True))
     # One fresh look at the hosts a pass, however many sizes find no room: the view then
     # follows every claim the pass makes (the first size without room on the kept view
     # reads the fleet again; the others are decided on that read).
