@@ -4,7 +4,7 @@ rate cards, invoice issuing and points, and bad input answered 400 naming the fi
 import itertools
 import json
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 
 import pytest
 from django.urls import reverse
@@ -157,10 +157,16 @@ def test_the_invoice_lists_totals_and_a_reader_may_read_it(client_for, project, 
 
 def test_forecast_answers_so_far_and_projected(client_for, project):
     billing.rate_card_create(valid_from=datetime(2025, 1, 1, tzinfo=UTC), prices=PRICES)
-    usage.usage_open(Subject(project, "open"), "vcpu", 1, datetime.now(UTC) - timedelta(hours=1))
+    # Opened an hour ago, or at the month's start if that is later: "so far" counts now's month
+    # alone, and a run in a month's first hour would otherwise count less than an hour.
+    now = datetime.now(UTC)
+    month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    opened = max(now - timedelta(hours=1), month)
+    usage.usage_open(Subject(project, "open"), "vcpu", 1, opened)
     billing.budget_create(project=project, name="m", amount=Decimal(1_000_000))
     body = client_for(project.owner).get(url("forecast-list", project)).json()
-    assert Decimal(body["so_far"]) >= Decimal(10)
+    hours = Decimal((now - opened).total_seconds()) / 3600  # up to the request, at least these
+    assert Decimal(body["so_far"]) >= (10 * hours).quantize(Decimal("0.01"), rounding=ROUND_DOWN)
     assert Decimal(body["projected"]) >= Decimal(body["so_far"])
     assert body["budgets"][0]["name"] == "m" and body["currency"] == "JPY"
 
