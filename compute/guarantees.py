@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import zlib
 from datetime import datetime
+from uuid import UUID
 
 from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
@@ -44,6 +45,7 @@ from compute import leases
 from compute.choices import DeviceKind, HostState, Priority, VmState
 from compute.models import CapacityGuarantee, Device, Host, Lease, VirtualMachine
 from controlplane import audit, events
+from controlplane.compiled import Compiled
 from controlplane.errors import Conflict, InvalidInput
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ def _advisory_lock(name: str) -> None:
 
 def fleet_gpus(*, up_only: bool) -> dict[str, int]:
     """GPUs present per model on hosts that are up (``up_only``) or not down."""
+    return dict(_FLEET_GPUS[up_only].tuples())
+
+
+def _fleet_gpus(up_only: bool):
     hosts = (
         Host.objects.filter(state=HostState.UP)
         if up_only
@@ -79,13 +85,26 @@ def fleet_gpus(*, up_only: bool) -> dict[str, int]:
     )
     # Counted by the database: every admission weighed asks it, and a fleet of 1,000 GPU
     # hosts has 8,000 rows to count.
-    return dict(
+    return (
         Device.objects.filter(kind=DeviceKind.GPU, present=True, host__in=hosts)
         .values("model")
         .annotate(n=Count("pk"))
         .values_list("model", "n")
         .order_by()
     )
+
+
+# Every admission weighed reads these: compiled once (``controlplane.compiled``).
+_FLEET_GPUS = {up: Compiled(lambda up=up: _fleet_gpus(up)) for up in (False, True)}
+_GPU_MINIMUMS = Compiled(
+    lambda model: CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=model).values_list(
+        "project_id", "min_gpus"
+    ),
+    str,
+)
+_ON_DEMAND_GPUS = Compiled(
+    lambda model, vm_id: _on_demand_rows("gpus", Q(gpu_model=model, gpus__gt=0), vm_id), str, UUID
+)
 
 
 def fleet_vcpus(*, up_only: bool) -> int:
@@ -193,16 +212,12 @@ def admission_refusal(vm: VirtualMachine) -> str:
     if not _anything_to_check(vm):
         return ""
     if vm.gpus:
-        guarantees = list(
-            CapacityGuarantee.objects.filter(min_gpus__gt=0, gpu_model=vm.gpu_model).values_list(
-                "project_id", "min_gpus"
-            )
-        )
+        guarantees = _GPU_MINIMUMS.tuples(vm.gpu_model)
         others = any(pid != vm.project_id for pid, _ in guarantees)
         leased = leased_peak(vm.gpu_model, timezone.now())
         if others or leased:
             _advisory_lock(f"kumo.guarantee.gpu.{vm.gpu_model}")
-            used = _on_demand_use("gpus", Q(gpu_model=vm.gpu_model, gpus__gt=0), exclude=vm)
+            used = {pid: n or 0 for pid, n in _ON_DEMAND_GPUS.tuples(vm.gpu_model, vm.pk)}
             headroom = _headroom(guarantees, used, vm.project_id)
             total = fleet_gpus(up_only=True).get(vm.gpu_model, 0)
             taken = sum(used.values())
@@ -275,17 +290,21 @@ def _on_demand_use(
     field: str, where: Q, *, exclude: VirtualMachine | None = None
 ) -> dict[int, int]:
     """Per project, what its on-demand VMs outside leases hold of ``field``."""
-    rows = (
+    rows = _on_demand_rows(field, where, exclude.pk if exclude else None)
+    return {pid: n or 0 for pid, n in rows}
+
+
+def _on_demand_rows(field: str, where: Q, exclude_pk):
+    return (
         VirtualMachine.objects.filter(
             where, priority=Priority.ON_DEMAND, state__in=HOLDING, lease__isnull=True
         )
-        .exclude(pk=exclude.pk if exclude else None)
+        .exclude(pk=exclude_pk)
         .values("project_id")
         .annotate(n=Sum(field))
         .values_list("project_id", "n")
         .order_by()
     )
-    return {pid: n or 0 for pid, n in rows}
 
 
 # --- what is promised over time ------------------------------------------------------------
