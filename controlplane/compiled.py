@@ -129,11 +129,7 @@ class CompiledRead:
         connection = connections[self.alias]
         steps, from_db, alias = self._steps(connection), self.model.from_db, self.alias
         answer = []
-        for row in fetched:
-            if steps:
-                row = list(row)
-                for position, convert in steps:
-                    row[position] = convert(row[position])
+        for row in _converted(fetched, steps):
             obj = from_db(alias, init_list, row[start:end])
             for populator in populators:
                 populator.populate(row, obj)
@@ -149,30 +145,18 @@ class CompiledRead:
 
     def rows(self, values: tuple, suffix: str = "") -> list[dict]:
         fetched, connection = self._fetch(values, suffix)
-        names, steps = self.names, self._steps(connection)
-        answer = []
-        for row in fetched:
-            if steps:
-                row = list(row)
-                for position, convert in steps:
-                    row[position] = convert(row[position])
-            answer.append(dict(zip(names, row, strict=True)))
-        return answer
+        names = self.names
+        return [
+            dict(zip(names, row, strict=True))
+            for row in _converted(fetched, self._steps(connection))
+        ]
 
     def tuples(self, values: tuple, suffix: str = "") -> list[tuple]:
         """The rows as tuples of the columns ``names`` says, in that order (what
         ``values_list()`` answers)."""
         fetched, connection = self._fetch(values, suffix)
         steps = self._steps(connection)
-        if not steps:
-            return fetched
-        answer = []
-        for row in fetched:
-            row = list(row)
-            for position, convert in steps:
-                row[position] = convert(row[position])
-            answer.append(tuple(row))
-        return answer
+        return [tuple(row) for row in _converted(fetched, steps)] if steps else fetched
 
     def answers(self, plan, values: tuple, suffix: str = "") -> tuple[list, dict | None]:
         """The answers ``plan.render_many(self.rows(values, suffix))`` gives, made from the
@@ -184,11 +168,7 @@ class CompiledRead:
         steps = self._steps(connection)
         fields, pick, converts = plan.shape(self.names)
         answers, first = [], None
-        for row in fetched:
-            if steps:
-                row = list(row)
-                for position, convert in steps:
-                    row[position] = convert(row[position])
+        for row in _converted(fetched, steps):
             if first is None:
                 first = dict(zip(self.names, row, strict=True))
             picked = pick(row)
@@ -210,6 +190,20 @@ class CompiledRead:
             (position, _column_converter(functions, expression, connection))
             for position, (functions, expression) in self.converters
         )
+
+
+def _converted(fetched: list[tuple], steps) -> list:
+    """The rows of ``fetched``, each with its columns converted by ``steps`` (``_steps``):
+    as lists where there is something to convert, as they are otherwise."""
+    if not steps:
+        return fetched
+    converted = []
+    for row in fetched:
+        row = list(row)
+        for position, convert in steps:
+            row[position] = convert(row[position])
+        converted.append(row)
+    return converted
 
 
 #: the scanner of the decoder ``json.loads`` uses (no hooks, strict), without its wrappers
