@@ -63,7 +63,7 @@ from compute.scheduler import (
     Scheduler,
 )
 from controlplane import prepared
-from controlplane.compiled import Compiled, CompiledRead, compile_read
+from controlplane.compiled import Compiled, CompiledRead
 
 log = logging.getLogger(__name__)
 
@@ -133,27 +133,18 @@ def _gpu_rows(devices):
     return gpus.values_list(*_GPU_COLUMNS).order_by()
 
 
-@cache
-def _one_host_reads(vendor: str) -> tuple[CompiledRead, CompiledRead]:
-    """``_host_rows`` and ``_gpu_rows`` of one open host, compiled once (per kind of
-    database). The view reads a host again after every release of a VM there, and the ORM
-    would build and compile their subqueries each time (about 3 ms, more than the database
-    takes to answer)."""
-    reads = (
-        compile_read(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), 1),
-        compile_read(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), 1),
-    )
-    if None in reads:  # a change to the reads that the compiler cannot keep
-        raise AssertionError("the one-host reads cannot be compiled")
-    return reads
+# ``_host_rows`` and ``_gpu_rows`` of one open host, compiled once (``controlplane.compiled``).
+# The view reads a host again after every release of a VM there, and the ORM would build
+# and compile their subqueries each time (about 3 ms, more than the database takes to answer).
+_ONE_HOST = Compiled(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), int)
+_ONE_HOST_GPUS = Compiled(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), int)
 
 
 def _open_host_view(host_id: int) -> list[HostView]:
     """The view of host ``host_id`` if it is open to new requests (``_open_hosts``), as
     ``_host_views(_open_hosts().filter(pk=host_id))`` makes it."""
-    host_read, gpu_read = _one_host_reads(connection.vendor)
-    rows = host_read.tuples((host_id,))
-    return _views(rows, gpu_read.tuples((host_id,))) if rows else []
+    rows = _ONE_HOST.tuples(host_id)
+    return _views(rows, _ONE_HOST_GPUS.tuples(host_id)) if rows else []
 
 
 def _views(

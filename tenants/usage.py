@@ -110,7 +110,6 @@ def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> 
     """At most three queries, two in the common case (a VM placed or stopped): the
     subject's intervals (open ones and the last end of each resource, in one read); one
     UPDATE closing those that no longer match; one INSERT for those to open."""
-    mine = UsageRecord.objects.filter(subject_type=subject_type, subject_id=subject_id)
     open_, last_end = {}, {}
     for pk, resource, model, quantity, priority, ended_at in _INTERVALS.tuples(
         subject_type, subject_id
@@ -122,7 +121,7 @@ def _sync(*, project_id, subject_type, subject_id, subject_name, wanted, at) -> 
             last_end[key] = ended_at
     stale = [pk for key, (pk, have) in open_.items() if wanted.get(key) != have]
     if stale:
-        mine.filter(pk__in=stale, ended_at__isnull=True).update(
+        UsageRecord.objects.filter(pk__in=stale, ended_at__isnull=True).update(
             ended_at=Greatest(Value(at), F("started_at"))
         )
     to_open = [key for key, want in wanted.items() if key not in open_ or open_[key][1] != want]
