@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_day_replays_with_figures_that_add_up(tmp_path):
     path = tmp_path / "day.csv"
+    # Short jobs (a median of 40 minutes), so that a quarter of a day on two hosts holds dozens.
     n = traces.generate(path, days=0.25, gpu_hosts=2, on_demand_load=0.5, spot_load=0.9,
-                        cpu_jobs_per_day=8, projects=4, seed=3)  # fmt: skip
+                        cpu_jobs_per_day=8, projects=4, seed=3, median_s=2400)  # fmt: skip
     jobs = traces.read_trace(path)
     assert len(jobs) == n and 10 <= n <= 120
     lease = {"project": "p02", "gpus": 4, "start_s": 3600.0, "end_s": 3 * 3600.0}
@@ -222,7 +223,7 @@ def test_a_trace_replayed_twice_places_every_job_alike(tmp_path):
 
     path = tmp_path / "day.csv"
     traces.generate(path, days=0.1, gpu_hosts=4, on_demand_load=0.5, spot_load=0.9,
-                    cpu_jobs_per_day=8, projects=3, seed=5)  # fmt: skip
+                    cpu_jobs_per_day=8, projects=3, seed=5, median_s=2400)  # fmt: skip
     jobs = traces.read_trace(path)
     runs = []
 
@@ -319,3 +320,21 @@ def test_a_replay_stopped_by_sigterm_leaves_no_database_behind(tmp_path):
     assert process.returncode == 128 + signal.SIGTERM, err.decode()[-2000:]
     assert out == b""  # stopped before its figures
     assert not list(tmp_path.glob("kumo-replay-*")), list(tmp_path.iterdir())
+
+
+def test_the_generated_month_holds_the_benchs_jobs_at_the_loads_asked_for(tmp_path):
+    """The bench's month (``bench/goodput.py``: 30 days for 40 hosts of 8 GPUs) holds at
+    least the 20,000 jobs it is judged on, and its GPU work is the loads asked for: on-demand
+    at 55 % of the fleet's GPU-hours and spot at 75 %, within the sampling's spread."""
+    path = tmp_path / "month.csv"
+    n = traces.generate(path, days=30, gpu_hosts=40)
+    jobs = traces.read_trace(path)
+    assert len(jobs) == n >= 20_000
+    capacity = 40 * 8 * 30 * 86400
+    work = {"on_demand": 0.0, "spot": 0.0}
+    for job in jobs:
+        if job.gpus:
+            work[job.priority] += job.gpus * job.duration_s
+    assert work["on_demand"] / capacity == pytest.approx(0.55, rel=0.1)
+    assert work["spot"] / capacity == pytest.approx(0.75, rel=0.1)
+    assert sorted(j.duration_s for j in jobs)[n // 2] == pytest.approx(7200, rel=0.1)
