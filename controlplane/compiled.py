@@ -11,7 +11,10 @@ was compiled from. Values are integers unless ``kinds`` says otherwise (``UUID``
 a VM's key, a usage interval's subject.
 
 ``Compiled(build, *kinds)`` is such a read declared once beside the code that runs it,
-compiled on its first run for each kind of database.
+compiled on its first run for each kind of database. ``CompiledUpdate(build, *kinds)`` is
+the same for an UPDATE: ``build`` answers the queryset and the changes that
+``queryset.update(**changes)`` would write, and each run binds its values (a time, a
+number, a key) where the stand-ins were.
 
 A read runs as a statement PostgreSQL keeps prepared on the connection
 (``controlplane.prepared``).
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection as default_connection
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models.fields.json import KeyTransform
 from django.db.models.query import (
     ModelIterable,
@@ -40,6 +44,7 @@ from django.db.models.query import (
     ValuesListIterable,
     get_related_populators,
 )
+from django.db.models.sql import UpdateQuery
 
 from controlplane import prepared
 
@@ -49,9 +54,14 @@ def stand_in(kind: type, which: int, position: int):
     the places where the two compilations' parameters differ, each by its own stand-in, are
     the values'. An integer is negative, as no key of Kumo's is, so no constant of the query
     can be taken for one (and within a 32-bit integer's range, which Django checks a key
-    against); a UUID and a text are ones no row holds."""
+    against); a UUID, a text, a number with a fraction and a time are ones no row holds
+    (a time in 1901)."""
     if kind is int:
         return -2_013_560_101 - 10 * which - position
+    if kind is float:
+        return -2_013_560_101.25 - 10 * which - position
+    if kind is datetime:
+        return datetime(1901, 1, 1, tzinfo=UTC) + timedelta(seconds=10 * which + position)
     if kind is UUID:
         return UUID(int=(0x6B756D6F << 96) | (which << 32) | position)
     if kind is str:
@@ -71,16 +81,24 @@ def _as_uuid(value) -> UUID:
     return value if type(value) is UUID else _UUIDS.to_python(value)
 
 
-def _binding(kind: type, param, first, second, other) -> Callable[[Any], Any] | None:
+def _binding(
+    kind: type, param, first, second, other, connection=None
+) -> Callable[[Any], Any] | None:
     """How a value of ``kind`` is bound where the compilations put ``param`` and ``other``
     for its stand-ins ``first`` and ``second``: ``None`` when that place is not the value's.
     A key of a model's ``UUIDField`` is bound as the field binds it on the database: the
-    UUID itself where the database has the type (PostgreSQL), its hex digits elsewhere."""
+    UUID itself where the database has the type (PostgreSQL), its hex digits elsewhere; so
+    is a time as a ``DateTimeField`` binds it (the database's adaptation of it)."""
     if kind is UUID:
         if type(param) is UUID and param == first and other == second:
             return _as_uuid
         if param == first.hex and other == second.hex:
             return lambda value: _as_uuid(value).hex
+        return None
+    if kind is datetime and connection is not None and type(param) is not datetime:
+        adapt = connection.ops.adapt_datetimefield_value
+        if param == adapt(first) and other == adapt(second):
+            return adapt
         return None
     if type(param) is kind and param == first and other == second:
         return _identity
@@ -360,3 +378,84 @@ class Compiled:
 
     def rows(self, *values) -> list[dict]:
         return self.read().rows(values)
+
+
+class CompiledUpdate:
+    """An UPDATE declared once, where the module that runs it is loaded, and compiled on its
+    first run for each kind of database, as ``Compiled`` compiles a read: ``build`` is a
+    function of one value of each of ``kinds`` that returns ``(queryset, changes)``, and
+    ``run(*values)`` does what ``queryset.update(**changes)`` does with those values (the
+    same statement, on the database the ORM writes to, a failure inside a transaction
+    marking it for rollback as the ORM's does) and answers the rows it updated. Values are
+    bound where the stand-ins were: a time as a ``DateTimeField`` binds it, a value of
+    ``None`` where ``kinds`` allows one (a column set to NULL) as a bound NULL. An UPDATE
+    that cannot be compiled (one that changes rows of other tables, or whose SQL depends on
+    anything but the values) raises ``AssertionError`` at its first run."""
+
+    __slots__ = ("build", "kinds", "updates")
+
+    def __init__(self, build: Callable[..., tuple[models.QuerySet, dict]], *kinds: type) -> None:
+        self.build, self.kinds = build, kinds
+        self.updates: dict[str, tuple[str, str, tuple, tuple]] = {}
+
+    def run(self, *values) -> int:
+        vendor = default_connection.vendor
+        update = self.updates.get(vendor)
+        if update is None:
+            update = compile_update(self.build, self.kinds)
+            if update is None:
+                raise AssertionError(f"{self.build.__qualname__} cannot be compiled")
+            self.updates[vendor] = update
+        alias, sql, params, places = update
+        params = list(params)
+        for index, which, bind in places:
+            value = values[which]
+            params[index] = None if value is None else bind(value)
+        with (
+            transaction.mark_for_rollback_on_error(using=alias),
+            connections[alias].cursor() as cursor,
+        ):
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+
+def compile_update(
+    build: Callable[..., tuple[models.QuerySet, dict]], kinds: tuple[type, ...]
+) -> tuple[str, str, tuple, tuple] | None:
+    """The SQL of the UPDATE ``build(*values)`` describes, compiled once as ``compile_read``
+    compiles a read (two compilations with different stand-ins, which must differ exactly
+    where the stand-ins are): ``(alias, sql, params, places)``, or None when it cannot be
+    kept. The statement is the one ``QuerySet.update`` makes."""
+    sets = [tuple(stand_in(kind, which, n) for n, kind in enumerate(kinds)) for which in (0, 1)]
+    compiled = []
+    for stand_ins in sets:
+        queryset, changes = build(*stand_ins)
+        queryset._for_write = True
+        query = queryset.query.chain(UpdateQuery)
+        query.add_update_values(changes)
+        query.annotations = {}
+        if query.related_updates or query.order_by:
+            return None
+        compiler = query.get_compiler(queryset.db)
+        sql, params = compiler.as_sql()
+        if not sql:
+            return None
+        compiled.append((queryset.db, compiler.connection, sql, tuple(params)))
+    (alias, connection, sql, params), (_, _, other_sql, other_params) = compiled
+    if sql != other_sql or len(params) != len(other_params):
+        return None
+    places = []
+    for index, (param, other) in enumerate(zip(params, other_params, strict=True)):
+        found = [
+            (which, bind)
+            for which, kind in enumerate(kinds)
+            if (bind := _binding(kind, param, sets[0][which], sets[1][which], other, connection))
+        ]
+        if found:
+            places.append((index, *found[0]))
+        elif param != other or not isinstance(param, str | int) or other in sets[1]:
+            return None
+    if {which for _, which, _ in places} != set(range(len(kinds))):
+        return None
+    params = tuple(value.value if isinstance(value, Enum) else value for value in params)
+    return alias, sql, params, tuple(places)

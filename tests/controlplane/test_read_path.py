@@ -317,6 +317,69 @@ def test_a_compiled_read_builds_the_orms_objects_keyed_by_a_uuid_or_a_text(proje
         by_key.objects("not a uuid")
 
 
+@pytest.mark.embedded
+def test_a_compiled_update_writes_what_the_orms_update_writes(project, other_project):
+    """``CompiledUpdate`` runs the statement ``QuerySet.update`` makes, with each run's
+    values bound where the stand-ins were (a UUID key, a time as a ``DateTimeField`` binds
+    it on PostgreSQL and on SQLite, a number, a text, None as NULL), and answers the rows it
+    updated; an UPDATE whose SQL depends on more than its values is refused at its run."""
+    from django.db.models import F, Value
+    from django.db.models.functions import Concat
+    from django.utils import timezone
+
+    from controlplane.compiled import CompiledUpdate
+    from controlplane.models import Operation
+    from controlplane.services import operation_create
+
+    ours, theirs = (
+        operation_create(kind="vm.create", target=target, project=target)
+        for target in (project, other_project)
+    )
+    finish = CompiledUpdate(
+        lambda pk, at, message, code: (
+            Operation.objects.filter(pk=pk, state__in=["pending", "running"]),
+            {
+                "finished_at": at,
+                "updated_at": F("created_at"),
+                "error_message": Concat(Value(message), Value("!")),
+                "error_code": code,
+                "state": "failed",
+            },
+        ),
+        UUID,
+        datetime,
+        str,
+        str,
+    )
+    at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    assert finish.run(str(ours.pk), at, "lost", "E1") == 1  # a key as a report names it
+    Operation.objects.filter(pk=theirs.pk, state__in=["pending", "running"]).update(
+        finished_at=at,
+        updated_at=F("created_at"),
+        error_message=Concat(Value("lost"), Value("!")),
+        error_code="E1",
+        state="failed",
+    )
+    columns = ("finished_at", "updated_at", "error_message", "error_code", "state")
+    ours.refresh_from_db()
+    theirs.refresh_from_db()
+    assert [getattr(ours, c) for c in columns[2:]] == [getattr(theirs, c) for c in columns[2:]]
+    assert ours.finished_at == at == theirs.finished_at and ours.updated_at == ours.created_at
+    assert finish.run(ours.pk, at, "again", "E2") == 0  # failed already: no row matches
+    assert finish.run(uuid4(), at, "nobody", "E3") == 0
+    clear = CompiledUpdate(
+        lambda pk, at: (Operation.objects.filter(pk=pk), {"finished_at": at}), UUID, datetime
+    )
+    assert clear.run(ours.pk, None) == 1
+    ours.refresh_from_db()
+    assert ours.finished_at is None
+    refused = CompiledUpdate(
+        lambda pk: (Operation.objects.filter(pk=pk), {"finished_at": timezone.now()}), UUID
+    )
+    with pytest.raises(AssertionError, match="cannot be compiled"):
+        refused.run(ours.pk)
+
+
 @pytest.mark.postgres
 def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_project):
     """``CompiledRead.answers`` makes the plan's answers straight from the fetched rows: the
