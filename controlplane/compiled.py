@@ -14,7 +14,8 @@ a VM's key, a usage interval's subject.
 compiled on its first run for each kind of database. ``CompiledUpdate(build, *kinds)`` is
 the same for an UPDATE: ``build`` answers the queryset and the changes that
 ``queryset.update(**changes)`` would write, and each run binds its values (a time, a
-number, a key) where the stand-ins were.
+number, a key) where the stand-ins were. ``update_where(model, where, changes)`` is one of
+those for each shape of a row's update whose fields vary with the call (a VM's transition).
 
 A read runs as a statement PostgreSQL keeps prepared on the connection
 (``controlplane.prepared``).
@@ -58,6 +59,8 @@ def stand_in(kind: type, which: int, position: int):
     (a time in 1901)."""
     if kind is int:
         return -2_013_560_101 - 10 * which - position
+    if kind is Positive:
+        return 2_013_560_101 + 10 * which + position
     if kind is float:
         return -2_013_560_101.25 - 10 * which - position
     if kind is datetime:
@@ -71,6 +74,12 @@ def stand_in(kind: type, which: int, position: int):
 
 #: The integer stand-ins of both compilations (``stand_in``), for up to two values.
 STAND_INS = tuple(tuple(stand_in(int, which, n) for n in range(2)) for which in (0, 1))
+
+
+class Positive(int):
+    """The kind of a value a positive integer column holds (a generation): its stand-ins
+    are positive, as Django finds a negative one outside the column's range and compiles
+    no statement for it."""
 
 
 _UUIDS = models.UUIDField()
@@ -88,13 +97,20 @@ def _binding(
     for its stand-ins ``first`` and ``second``: ``None`` when that place is not the value's.
     A key of a model's ``UUIDField`` is bound as the field binds it on the database: the
     UUID itself where the database has the type (PostgreSQL), its hex digits elsewhere; so
-    is a time as a ``DateTimeField`` binds it (the database's adaptation of it)."""
+    is a time as a ``DateTimeField`` binds it (the database's adaptation of it), and a whole
+    number as its column's type wraps it."""
     if kind is UUID:
         if type(param) is UUID and param == first and other == second:
             return _as_uuid
         if param == first.hex and other == second.hex:
             return lambda value: _as_uuid(value).hex
         return None
+    if kind is Positive:
+        kind = int
+    if kind is int and type(param) is not int and isinstance(param, int):
+        # An integer column's value as the database's adaptation wraps it (PostgreSQL's
+        # backend binds a value set as a 4-byte integer, psycopg's ``Int4``): wrapped alike.
+        return type(param) if param == first and other == second else None
     if kind is datetime and connection is not None and type(param) is not datetime:
         adapt = connection.ops.adapt_datetimefield_value
         if param == adapt(first) and other == adapt(second):
@@ -459,3 +475,72 @@ def compile_update(
         return None
     params = tuple(value.value if isinstance(value, Enum) else value for value in params)
     return alias, sql, params, tuple(places)
+
+
+#: ``update_where``'s compiled UPDATEs, by model and shape (the names matched and set);
+#: None for a shape that takes the ORM's own update.
+_SHAPES: dict[tuple, CompiledUpdate | None] = {}
+
+
+def update_where(model: type[models.Model], where: dict, changes: dict) -> int:
+    """``model.objects.filter(**where).update(**changes)``, answering the rows updated, with
+    one ``CompiledUpdate`` for each shape of the call: the names ``where`` matches (each a
+    field equal to its value, or ``pk``) and those ``changes`` sets, and which values set
+    A shape whose values are all plain values of their fields' kinds (a key, a text, a whole
+    number, a number with a fraction, a time; None for a value set) is compiled at its first
+    run; any other (a related object, a JSON value, a truth value, an expression, None to
+    match) takes the ORM's own update, the same statement built again."""
+    key = (model, *where, "=", *changes)
+    try:
+        update = _SHAPES[key]
+    except KeyError:
+        update = _SHAPES[key] = _shaped_update(model, tuple(where), changes)
+    if update is None or None in where.values():
+        return model.objects.filter(**where).update(**changes)
+    return update.run(*where.values(), *changes.values())
+
+
+def _shaped_update(model, matched: tuple, changes: dict) -> CompiledUpdate | None:
+    kinds = [_value_kind(model, name) for name in matched]
+    kinds += [_value_kind(model, name, value) for name, value in changes.items()]
+    if None in kinds:
+        return None
+    names = tuple(changes)
+    count = len(matched)
+
+    def build(*values):
+        where = dict(zip(matched, values[:count], strict=True))
+        return model.objects.filter(**where), dict(zip(names, values[count:], strict=True))
+
+    build.__qualname__ = f"update_where({model.__name__}, {matched}, {names})"
+    return CompiledUpdate(build, *kinds)
+
+
+#: The kind of value of each field class ``update_where`` binds (subclasses included).
+_KINDS = (
+    (models.UUIDField, UUID),
+    (models.DateTimeField, datetime),
+    (models.FloatField, float),
+    (models.BooleanField, None),  # no two stand-ins of a truth value tell places apart
+    (models.IntegerField, int),  # the auto, big, small and positive ones too
+    (models.CharField, str),
+    (models.TextField, str),
+)
+
+
+def _value_kind(model, name: str, value=0) -> type | None:
+    """The kind of ``name``'s values on ``model`` as ``update_where`` binds them, or None
+    when it binds none of them: an unknown name, a lookup beyond equality, a field of
+    another class, a relation given as an object (by its key or None, it is its key's)."""
+    try:
+        field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    except models.FieldDoesNotExist:
+        return None
+    if field.is_relation:
+        if not field.many_to_one or isinstance(value, models.Model):
+            return None
+        field = field.target_field
+    for cls, kind in _KINDS:
+        if isinstance(field, cls):
+            return Positive if field.get_internal_type().startswith("Positive") else kind
+    return None

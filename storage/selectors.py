@@ -21,9 +21,11 @@ FSTYPES = {ShareBackend.LUSTRE: "lustre", ShareBackend.NFS: "nfs"}
 # (``controlplane.compiled``), not built and compiled by the ORM for each message.
 _VOLUMES = Compiled(lambda vm_id: Volume.objects.filter(vm_id=vm_id).order_by("device"), UUID)
 _MOUNTED = Compiled(
-    lambda project_id: Share.objects.for_project(project_id)
-    .filter(applied_generation__gte=F("generation"))
-    .order_by("mount_point"),
+    lambda project_id: (
+        Share.objects.for_project(project_id)
+        .filter(applied_generation__gte=F("generation"))
+        .order_by("mount_point")
+    ),
     int,
 )
 

@@ -22,7 +22,7 @@ from compute.scheduler import NoValidHost
 from compute.services.images import image_fetch
 from controlplane import agents
 from controlplane.choices import OperationState
-from controlplane.compiled import Compiled
+from controlplane.compiled import Compiled, update_where
 from controlplane.errors import Conflict
 from controlplane.models import Operation
 from controlplane.services import DEADLINE_EXCEEDED, operation_create, operation_finish
@@ -296,9 +296,11 @@ def transition(vm: VirtualMachine, **changes) -> VirtualMachine:
     it was read: the second of two racing actions gets 409. The VM's usage intervals follow
     its new state in the same transaction (``tenants.usage``), at the same instant."""
     now = timezone.now()
-    updated = VirtualMachine.objects.filter(
-        pk=vm.pk, generation=vm.generation, state=vm.state, task_state=vm.task_state
-    ).update(**changes, generation=vm.generation + 1, updated_at=now)
+    updated = update_where(
+        VirtualMachine,
+        {"pk": vm.pk, "generation": vm.generation, "state": vm.state, "task_state": vm.task_state},
+        {**changes, "generation": vm.generation + 1, "updated_at": now},
+    )
     if not updated:
         current = VirtualMachine.objects.filter(pk=vm.pk).values("state", "task_state").first()
         state = current["state"] if current else VmState.DELETED

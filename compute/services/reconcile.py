@@ -28,6 +28,7 @@ from compute.services import reclaim, shelve, spot, steady
 from compute.services.lifecycle import current_operation, desired_power, send_apply
 from compute.services.vms import vm_finish_delete
 from controlplane import agents, audit, events
+from controlplane.compiled import update_where
 from controlplane.errors import Conflict
 from controlplane.rowjoin import JoinedLookup, RowLookup, pk_param
 from controlplane.services import operation_create, operation_finish
@@ -215,7 +216,7 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
                 if vm.state == VmState.PROVISIONING:
                     changes["state"] = VmState.ERROR
                 changes["task_state"] = VmTask.NONE
-            VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+            update_where(VirtualMachine, {"pk": vm.pk}, {**changes, "updated_at": now})
             for k, v in changes.items():
                 setattr(vm, k, v)
             usage.vm_usage_sync(vm, at=now)
@@ -242,7 +243,7 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
     if stale:
         return vm
     changes = _settle(vm, generation, power, now)
-    VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+    update_where(VirtualMachine, {"pk": vm.pk}, {**changes, "updated_at": now})
     previous = vm.state
     for k, v in changes.items():
         setattr(vm, k, v)
@@ -340,7 +341,7 @@ def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
             changes = _settle(vm, guest["generation"], guest["power"], now)
             changes.update(reclaim.cpu_observed(vm, guest.get("cpu_time_ns"), now))
             previous = vm.state
-            VirtualMachine.objects.filter(pk=vm.pk).update(**changes, updated_at=now)
+            update_where(VirtualMachine, {"pk": vm.pk}, {**changes, "updated_at": now})
             for k, v in changes.items():
                 setattr(vm, k, v)
             if vm.state != previous:

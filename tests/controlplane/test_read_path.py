@@ -380,6 +380,35 @@ def test_a_compiled_update_writes_what_the_orms_update_writes(project, other_pro
         refused.run(ours.pk)
 
 
+@pytest.mark.embedded
+def test_a_rows_update_is_compiled_for_each_shape_of_plain_values(project, other_project):
+    """``update_where`` writes what ``filter(**where).update(**changes)`` writes: a shape of
+    plain values (keys, texts, times, a relation's key or None) through one compiled
+    statement, any other shape (a JSON value, a related object) through the ORM's update."""
+    from django.utils import timezone
+
+    from controlplane import compiled
+    from controlplane.compiled import CompiledUpdate, update_where
+    from controlplane.models import Operation
+    from controlplane.services import operation_create
+
+    op = operation_create(kind="vm.create", target=project, project=project)
+    at = timezone.now()
+    plain = {"state": "failed", "finished_at": at, "error_code": "E1", "project": None}
+    assert update_where(Operation, {"pk": op.pk, "state": "pending"}, plain) == 1
+    assert update_where(Operation, {"pk": op.pk, "state": "pending"}, plain) == 0  # failed now
+    key = (Operation, "pk", "state", "=", *plain)
+    assert isinstance(compiled._SHAPES[key], CompiledUpdate)
+    op.refresh_from_db()
+    assert (op.state, op.finished_at, op.error_code, op.project_id) == ("failed", at, "E1", None)
+    for changes in ({"result": {"n": 1}}, {"project": other_project}):
+        assert update_where(Operation, {"pk": op.pk}, changes) == 1
+        assert compiled._SHAPES[(Operation, "pk", "=", *changes)] is None  # the ORM's
+    op.refresh_from_db()
+    assert op.result == {"n": 1} and op.project_id == other_project.pk
+    assert update_where(Operation, {"pk": op.pk, "finished_at": None}, {"error_code": "E2"}) == 0
+
+
 @pytest.mark.postgres
 def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_project):
     """``CompiledRead.answers`` makes the plan's answers straight from the fetched rows: the
