@@ -544,3 +544,23 @@ def _value_kind(model, name: str, value=0) -> type | None:
         if isinstance(field, cls):
             return Positive if field.get_internal_type().startswith("Positive") else kind
     return None
+
+
+def refresh_from(obj: models.Model, fresh: models.Model) -> None:
+    """Do to ``obj`` what ``obj.refresh_from_db()`` does with the instance it reads, given
+    ``fresh``, the same row read by a compiled read (its ``select_related`` objects
+    included): every field's value copied, a relation's cached object taken from ``fresh``
+    or dropped, the cached reverse relations and prefetches dropped. ``fresh`` is read
+    whole: a field deferred on ``obj`` is loaded too."""
+    obj._prefetched_objects_cache = {}
+    for field in obj._meta.concrete_fields:
+        setattr(obj, field.attname, getattr(fresh, field.attname))
+        if field.is_relation:
+            if field.is_cached(fresh):
+                field.set_cached_value(obj, field.get_cached_value(fresh))
+            elif field.is_cached(obj):
+                field.delete_cached_value(obj)
+    for relation in (*obj._meta.related_objects, *obj._meta.private_fields):
+        if relation.is_relation and relation.is_cached(obj):
+            relation.delete_cached_value(obj)
+    obj._state.db = fresh._state.db

@@ -13,6 +13,7 @@ so the database never names a bucket or key the service lacks.
 
 import logging
 from decimal import Decimal
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -23,6 +24,7 @@ from compute.choices import VmState
 from compute.models import Host, VirtualMachine
 from compute.services.lifecycle import vm_reapply
 from controlplane import agents, audit
+from controlplane.compiled import Compiled
 from controlplane.errors import Conflict, InvalidInput
 from network import allocation
 from storage import protocol, selectors
@@ -177,11 +179,18 @@ def volume_detach(*, volume: Volume) -> Volume:
     return volume
 
 
+# The volumes of a VM being deleted, locked: read by every delete, compiled once.
+_VM_VOLUMES_LOCKED = Compiled(
+    lambda vm_id: Volume.objects.select_for_update().select_related("project").filter(vm_id=vm_id),
+    UUID,
+)
+
+
 def volumes_release(vm: VirtualMachine) -> int:
     """Detach every volume of a VM that is being deleted (inside its transaction): the
     guest goes away, the volumes and their data stay. Returns how many."""
     released = 0
-    for volume in Volume.objects.select_for_update().select_related("project").filter(vm=vm):
+    for volume in _VM_VOLUMES_LOCKED.objects(vm.pk):
         device = volume.device
         _detach(volume)
         audit.record(

@@ -56,8 +56,19 @@ from datetime import UTC, datetime, timedelta
 
 from compute.replay.database import vacuum_as_autovacuum_would
 from compute.replay.trace import Job
+from controlplane.compiled import Compiled
 
 log = logging.getLogger(__name__)
+
+
+def _job_vm(vm_id):
+    from compute.models import VirtualMachine
+
+    return VirtualMachine.objects.select_related("project", "host").filter(pk=vm_id)
+
+
+#: A job's VM at its end, as ``vm_delete`` takes it.
+_JOB_VM = Compiled(_job_vm, uuid.UUID)
 
 EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
 
@@ -520,13 +531,12 @@ class Replay:
 
     def _on_end(self, vm_id: str, run: int) -> None:
         from compute import services as compute
-        from compute.models import VirtualMachine
 
         vm = self.vms[vm_id]
         if run != vm.run or not vm.working:
             return  # evicted meanwhile
         self._work_stopped(vm)
-        compute.vm_delete(vm=VirtualMachine.objects.select_related("project", "host").get(pk=vm_id))
+        compute.vm_delete(vm=_JOB_VM.objects(vm_id)[0])
 
     def _on_checkpoint(self, vm_id: str, run: int, n: int) -> None:
         """The guest saved its work and says so, as through the metadata endpoint."""

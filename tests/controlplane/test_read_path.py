@@ -409,6 +409,34 @@ def test_a_rows_update_is_compiled_for_each_shape_of_plain_values(project, other
     assert update_where(Operation, {"pk": op.pk, "finished_at": None}, {"error_code": "E2"}) == 0
 
 
+@pytest.mark.embedded
+def test_refresh_from_a_compiled_read_leaves_an_object_as_refresh_from_db_does(
+    project, other_project
+):
+    """``refresh_from`` with a compiled read of the row gives the object the fields and
+    cached relations ``refresh_from_db`` would: a value changed meanwhile is seen, the
+    related object read with it is cached, a relation no longer read is dropped."""
+    from controlplane.compiled import Compiled, refresh_from
+    from controlplane.models import Operation
+    from controlplane.services import operation_create
+
+    op = operation_create(kind="vm.create", target=project, project=project)
+    read = Compiled(lambda pk: Operation.objects.select_related("project").filter(pk=pk), UUID)
+    ours, theirs = (Operation.objects.get(pk=op.pk) for _ in range(2))
+    for stale in (ours, theirs):
+        assert stale.project == project  # cached, then changed under it
+    Operation.objects.filter(pk=op.pk).update(project=other_project, error_code="E9")
+    refresh_from(ours, read.objects(op.pk)[0])
+    theirs.refresh_from_db(from_queryset=Operation.objects.select_related("project"))
+
+    def seen(o):
+        return vars(o) | {"_state": None}, vars(o._state) | {"fields_cache": None}
+
+    assert seen(ours) == seen(theirs) and ours.error_code == "E9"
+    assert ours._state.fields_cache.keys() == theirs._state.fields_cache.keys() == {"project"}
+    assert ours.project.pk == other_project.pk
+
+
 @pytest.mark.postgres
 def test_a_compiled_read_answers_as_its_plan_renders_its_rows(project, other_project):
     """``CompiledRead.answers`` makes the plan's answers straight from the fetched rows: the
