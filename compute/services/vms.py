@@ -45,7 +45,7 @@ from compute.services.lifecycle import (
     transition,
 )
 from controlplane import agents, audit
-from controlplane.compiled import Compiled
+from controlplane.compiled import Compiled, update_where
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
@@ -514,11 +514,10 @@ def vm_finish_delete(vm: VirtualMachine) -> None:
     evictions deleted during its notice needs: its waiter takes the room now)."""
     placement.release(vm)
     now = timezone.now()
-    VirtualMachine.objects.filter(pk=vm.pk).update(
-        state=VmState.DELETED,
-        task_state=VmTask.NONE,
-        deleted_at=now,
-        updated_at=now,
+    update_where(
+        VirtualMachine,
+        {"pk": vm.pk},
+        {"state": VmState.DELETED, "task_state": VmTask.NONE, "deleted_at": now, "updated_at": now},
     )
     vm.state = VmState.DELETED
     usage.vm_usage_sync(vm, at=now)
