@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from django.db import transaction
 
+from controlplane.compiled import Compiled
 from controlplane.errors import QuotaExceeded
 from tenants.models import Project, Quota
 
@@ -59,6 +60,12 @@ def usage(project: Project, resources=None) -> dict[str, int]:
     return totals
 
 
+# ``check``'s lock of the project's quota, compiled once: every create takes it.
+_QUOTA_LOCKED = Compiled(
+    lambda project_id: Quota.objects.select_for_update().filter(project_id=project_id), int
+)
+
+
 def check(project: Project, **requested: int) -> Quota:
     """Lock the project's quota and raise QuotaExceeded unless ``requested`` fits.
 
@@ -66,7 +73,10 @@ def check(project: Project, **requested: int) -> Quota:
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("quotas.check() must run inside the creating transaction")
-    quota = Quota.objects.select_for_update().get(project=project)
+    found = _QUOTA_LOCKED.objects(project.pk)
+    if not found:
+        raise Quota.DoesNotExist("Quota matching query does not exist.")
+    quota = found[0]
     in_use = usage(project, requested)
     for resource, amount in requested.items():
         limit = getattr(quota, resource)
