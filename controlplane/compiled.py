@@ -55,8 +55,8 @@ def stand_in(kind: type, which: int, position: int):
     the places where the two compilations' parameters differ, each by its own stand-in, are
     the values'. An integer is negative, as no key of Kumo's is, so no constant of the query
     can be taken for one (and within a 32-bit integer's range, which Django checks a key
-    against); a UUID, a text, a number with a fraction and a time are ones no row holds
-    (a time in 1901)."""
+    against); a UUID, a text, a number with a fraction, a time and a JSON object are ones no
+    row holds (a time in 1901)."""
     if kind is int:
         return -2_013_560_101 - 10 * which - position
     if kind is Positive:
@@ -65,6 +65,8 @@ def stand_in(kind: type, which: int, position: int):
         return -2_013_560_101.25 - 10 * which - position
     if kind is datetime:
         return datetime(1901, 1, 1, tzinfo=UTC) + timedelta(seconds=10 * which + position)
+    if kind is dict:
+        return {"\x1fkumo stand-in": [which, position]}
     if kind is UUID:
         return UUID(int=(0x6B756D6F << 96) | (which << 32) | position)
     if kind is str:
@@ -111,6 +113,16 @@ def _binding(
         # An integer column's value as the database's adaptation wraps it (PostgreSQL's
         # backend binds a value set as a 4-byte integer, psycopg's ``Int4``): wrapped alike.
         return type(param) if param == first and other == second else None
+    if kind is dict:
+        # A JSON value as a ``JSONField`` without an encoder of its own binds it: psycopg's
+        # wrapper of it on PostgreSQL, its JSON text elsewhere.
+        if isinstance(param, str):
+            texts = param == json.dumps(first) and other == json.dumps(second)
+            return json.dumps if texts else None
+        if getattr(param, "obj", None) != first or getattr(other, "obj", None) != second:
+            return None
+        wrap, dumps = type(param), param.dumps
+        return lambda value: wrap(value, dumps)
     if kind is datetime and connection is not None and type(param) is not datetime:
         adapt = connection.ops.adapt_datetimefield_value
         if param == adapt(first) and other == adapt(second):
@@ -477,8 +489,8 @@ def compile_update(
     return alias, sql, params, tuple(places)
 
 
-#: ``update_where``'s compiled UPDATEs, by model and shape (the names matched and set);
-#: None for a shape that takes the ORM's own update.
+#: ``update_where``'s compiled UPDATEs, by kind of database, model and shape (the names
+#: matched and set); None for a shape that takes the ORM's own update.
 _SHAPES: dict[tuple, CompiledUpdate | None] = {}
 
 
@@ -487,10 +499,11 @@ def update_where(model: type[models.Model], where: dict, changes: dict) -> int:
     one ``CompiledUpdate`` for each shape of the call: the names ``where`` matches (each a
     field equal to its value, or ``pk``) and those ``changes`` sets, and which values set
     A shape whose values are all plain values of their fields' kinds (a key, a text, a whole
-    number, a number with a fraction, a time; None for a value set) is compiled at its first
-    run; any other (a related object, a JSON value, a truth value, an expression, None to
-    match) takes the ORM's own update, the same statement built again."""
-    key = (model, *where, "=", *changes)
+    number, a number with a fraction, a time, a JSON value; None for a value set) is
+    compiled at its first run; any other (a related object, a truth value, an expression,
+    None to match, a field with a JSON encoder of its own), or one the compiler cannot keep,
+    takes the ORM's own update, the same statement built again."""
+    key = (default_connection.vendor, model, *where, "=", *changes)
     try:
         update = _SHAPES[key]
     except KeyError:
@@ -501,6 +514,8 @@ def update_where(model: type[models.Model], where: dict, changes: dict) -> int:
 
 
 def _shaped_update(model, matched: tuple, changes: dict) -> CompiledUpdate | None:
+    """The shape's update, compiled for the default connection's kind of database; None
+    when its values are not all plain or its statement cannot be kept."""
     kinds = [_value_kind(model, name) for name in matched]
     kinds += [_value_kind(model, name, value) for name, value in changes.items()]
     if None in kinds:
@@ -513,7 +528,12 @@ def _shaped_update(model, matched: tuple, changes: dict) -> CompiledUpdate | Non
         return model.objects.filter(**where), dict(zip(names, values[count:], strict=True))
 
     build.__qualname__ = f"update_where({model.__name__}, {matched}, {names})"
-    return CompiledUpdate(build, *kinds)
+    update = CompiledUpdate(build, *kinds)
+    compiled = compile_update(build, tuple(kinds))
+    if compiled is None:
+        return None
+    update.updates[default_connection.vendor] = compiled
+    return update
 
 
 #: The kind of value of each field class ``update_where`` binds (subclasses included).
@@ -525,6 +545,7 @@ _KINDS = (
     (models.IntegerField, int),  # the auto, big, small and positive ones too
     (models.CharField, str),
     (models.TextField, str),
+    (models.JSONField, dict),
 )
 
 
@@ -540,6 +561,8 @@ def _value_kind(model, name: str, value=0) -> type | None:
         if not field.many_to_one or isinstance(value, models.Model):
             return None
         field = field.target_field
+    if isinstance(field, models.JSONField) and field.encoder:
+        return None  # its own encoder: its texts need not be the stand-in's
     for cls, kind in _KINDS:
         if isinstance(field, cls):
             return Positive if field.get_internal_type().startswith("Positive") else kind

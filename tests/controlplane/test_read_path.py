@@ -383,8 +383,9 @@ def test_a_compiled_update_writes_what_the_orms_update_writes(project, other_pro
 @pytest.mark.embedded
 def test_a_rows_update_is_compiled_for_each_shape_of_plain_values(project, other_project):
     """``update_where`` writes what ``filter(**where).update(**changes)`` writes: a shape of
-    plain values (keys, texts, times, a relation's key or None) through one compiled
-    statement, any other shape (a JSON value, a related object) through the ORM's update."""
+    plain values (keys, texts, times, JSON values, a relation's key or None) through one
+    compiled statement, any other shape (a related object) through the ORM's update."""
+    from django.db import connection
     from django.utils import timezone
 
     from controlplane import compiled
@@ -397,15 +398,21 @@ def test_a_rows_update_is_compiled_for_each_shape_of_plain_values(project, other
     plain = {"state": "failed", "finished_at": at, "error_code": "E1", "project": None}
     assert update_where(Operation, {"pk": op.pk, "state": "pending"}, plain) == 1
     assert update_where(Operation, {"pk": op.pk, "state": "pending"}, plain) == 0  # failed now
-    key = (Operation, "pk", "state", "=", *plain)
-    assert isinstance(compiled._SHAPES[key], CompiledUpdate)
+    vendor = connection.vendor
+    shape = (vendor, Operation, "pk", "state", "=", *plain)
+    assert isinstance(compiled._SHAPES[shape], CompiledUpdate)
     op.refresh_from_db()
     assert (op.state, op.finished_at, op.error_code, op.project_id) == ("failed", at, "E1", None)
-    for changes in ({"result": {"n": 1}}, {"project": other_project}):
-        assert update_where(Operation, {"pk": op.pk}, changes) == 1
-        assert compiled._SHAPES[(Operation, "pk", "=", *changes)] is None  # the ORM's
+    assert update_where(Operation, {"pk": op.pk}, {"result": {"n": [1, "é"]}}) == 1  # JSON
+    assert isinstance(compiled._SHAPES[(vendor, Operation, "pk", "=", "result")], CompiledUpdate)
+    assert update_where(Operation, {"pk": op.pk}, {"result": [1, None]}) == 1  # the same shape
+    assert update_where(Operation, {"pk": op.pk}, {"project": other_project}) == 1  # an object
+    assert compiled._SHAPES[(vendor, Operation, "pk", "=", "project")] is None  # the ORM's
     op.refresh_from_db()
-    assert op.result == {"n": 1} and op.project_id == other_project.pk
+    assert op.result == [1, None] and op.project_id == other_project.pk
+    assert update_where(Operation, {"pk": op.pk}, {"result": {"n": [1, "é"]}}) == 1
+    op.refresh_from_db()
+    assert op.result == {"n": [1, "é"]}
     assert update_where(Operation, {"pk": op.pk, "finished_at": None}, {"error_code": "E2"}) == 0
 
 
