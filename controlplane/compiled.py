@@ -60,7 +60,7 @@ def stand_in(kind: type, which: int, position: int):
     if kind is int:
         return -2_013_560_101 - 10 * which - position
     if kind is Positive:
-        return 2_013_560_101 + 10 * which + position
+        return 32_749 - 10 * which - position  # within a small positive column's range too
     if kind is float:
         return -2_013_560_101.25 - 10 * which - position
     if kind is datetime:
@@ -79,9 +79,9 @@ STAND_INS = tuple(tuple(stand_in(int, which, n) for n in range(2)) for which in 
 
 
 class Positive(int):
-    """The kind of a value a positive integer column holds (a generation): its stand-ins
-    are positive, as Django finds a negative one outside the column's range and compiles
-    no statement for it."""
+    """The kind of a value a positive integer column holds (a generation, a VM's GPUs): its
+    stand-ins are positive and within a small column's range, as Django finds one outside
+    the column's range and compiles no statement for it."""
 
 
 _UUIDS = models.UUIDField()
@@ -516,8 +516,8 @@ def update_where(model: type[models.Model], where: dict, changes: dict) -> int:
 def _shaped_update(model, matched: tuple, changes: dict) -> CompiledUpdate | None:
     """The shape's update, compiled for the default connection's kind of database; None
     when its values are not all plain or its statement cannot be kept."""
-    kinds = [_value_kind(model, name) for name in matched]
-    kinds += [_value_kind(model, name, value) for name, value in changes.items()]
+    kinds = [value_kind(model, name) for name in matched]
+    kinds += [value_kind(model, name, value) for name, value in changes.items()]
     if None in kinds:
         return None
     names = tuple(changes)
@@ -549,7 +549,7 @@ _KINDS = (
 )
 
 
-def _value_kind(model, name: str, value=0) -> type | None:
+def value_kind(model, name: str, value=0) -> type | None:
     """The kind of ``name``'s values on ``model`` as ``update_where`` binds them, or None
     when it binds none of them: an unknown name, a lookup beyond equality, a field of
     another class, a relation given as an object (by its key or None, it is its key's)."""

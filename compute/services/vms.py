@@ -45,7 +45,7 @@ from compute.services.lifecycle import (
     transition,
 )
 from controlplane import agents, audit
-from controlplane.compiled import Compiled, update_where
+from controlplane.compiled import Compiled, update_where, value_kind
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
@@ -259,7 +259,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
             no_room[size] = reason[:500]
         else:
             roomy.add(size)
-    for queued in _queue_head(pending, roomy, limit, no_room):
+    for queued in _queue_head(roomy, limit, no_room):
         size = tuple(getattr(queued, f) for f in SIZE)
         plain = (
             queued.priority == Priority.SPOT
@@ -323,7 +323,7 @@ def _refused_in_pass(queued: placement.Queued, vm: VirtualMachine | None, refusa
 
 
 def _queue_head(
-    pending, roomy: set[tuple], limit: int, no_room: dict[tuple, str]
+    roomy: set[tuple], limit: int, no_room: dict[tuple, str]
 ) -> Iterator[placement.Queued]:
     """The first ``limit`` VMs of the queue, on-demand first, then oldest first, that a pass
     may try: all but the plain spot VMs of the sizes without room. Read as ranges of the
@@ -334,12 +334,10 @@ def _queue_head(
     spot size's range stops once the pass finds no room for that size (``no_room``, which
     the pass fills as it goes): a pass mostly places the first few VMs of a size, and the
     rest of a long queue of that size is neither read nor counted against ``limit``."""
-    fields = (*placement.Queued._fields, "created_at")
-    ranges = [_pages(pending.filter(~PLAIN_SPOT).order_by("priority", "created_at"), fields, limit)]
+    ranges = [_pages(lambda page: _queue_range(page, plain=False).tuples(), limit)]
     ranges += [
         _pages(
-            pending.filter(PLAIN_SPOT, **_of_size(size)).order_by("created_at"),
-            fields,
+            lambda page, size=size: _queue_range(page, plain=True).tuples(*size),
             limit,
             until=lambda size=size: size in no_room,
         )
@@ -356,17 +354,51 @@ def _queue_head(
 _FIRST_PAGE = 8
 
 
-def _pages(queryset, fields, limit: int, *, until=lambda: False) -> Iterator[tuple]:
-    """The rows of ``queryset`` (in its order), read a page at a time as they are asked for,
-    each page whole before its first row is used (the pass's claims write the rows it
-    holds). A page is read from the range's start again, bigger: the rows the pass tried
-    are gone from it (placed) or given already (still waiting), and are left out. No page
-    is longer than ``limit``, the most a pass takes. Stops when ``until()`` says so, or the
-    range has no more rows."""
+#: A queue range's row: the pass's (``placement.Queued``) and the VM's age.
+_QUEUE_FIELDS = (*placement.Queued._fields, "created_at")
+#: The queue's ranges (``_queue_range``), compiled once for each page size.
+_RANGES: dict[tuple[int, bool], Compiled] = {}
+
+
+def _queue_range(page: int, *, plain: bool) -> Compiled:
+    """The first ``page`` rows of a range of the queue, as a compiled read: the VMs that are
+    not plain spot ones, on-demand first then oldest (of no values), or the plain spot VMs
+    of one size, oldest first (of the size's values, ``SIZE``)."""
+    read = _RANGES.get((page, plain))
+    if read is None:
+        queue = VirtualMachine.objects.filter(QUEUED)
+        if plain:
+            read = Compiled(
+                lambda *size: (
+                    queue.filter(PLAIN_SPOT, **_of_size(size))
+                    .order_by("created_at")
+                    .values_list(*_QUEUE_FIELDS)[:page]
+                ),
+                *(value_kind(VirtualMachine, name) for name in SIZE),
+            )
+        else:
+            read = Compiled(
+                lambda: (
+                    queue.filter(~PLAIN_SPOT)
+                    .order_by("priority", "created_at")
+                    .values_list(*_QUEUE_FIELDS)[:page]
+                )
+            )
+        _RANGES[page, plain] = read
+    return read
+
+
+def _pages(read, limit: int, *, until=lambda: False) -> Iterator[tuple]:
+    """The rows of a queue range, ``read(size)`` its first ``size`` rows in its order, read a
+    page at a time as they are asked for, each page whole before its first row is used (the
+    pass's claims write the rows it holds). A page is read from the range's start again,
+    bigger: the rows the pass tried are gone from it (placed) or given already (still
+    waiting), and are left out. No page is longer than ``limit``, the most a pass takes.
+    Stops when ``until()`` says so, or the range has no more rows."""
     given: set = set()
     size = min(_FIRST_PAGE, limit)
     while not until():
-        rows = list(queryset.values_list(*fields)[:size])
+        rows = read(size)
         for row in rows:
             if row[0] not in given:
                 given.add(row[0])
