@@ -58,6 +58,24 @@ log = logging.getLogger(__name__)
 # --- create ---------------------------------------------------------------------------------
 
 
+# ``vm_create``'s checks of the image and the name, compiled once: every create makes them.
+_IMAGE_USABLE = Compiled(
+    lambda project_id, pk: Image.objects.usable_by(project_id).filter(pk=pk).values_list("pk")[:1],
+    int,
+    int,
+)
+_NAME_TAKEN = Compiled(
+    lambda project_id, name: (
+        VirtualMachine.objects.for_project(project_id)
+        .filter(name=name)
+        .exclude(state=VmState.DELETED)
+        .values_list("pk")[:1]
+    ),
+    int,
+    str,
+)
+
+
 @transaction.atomic
 def vm_create(
     *,
@@ -92,7 +110,7 @@ def vm_create(
     require_active(project)
     if not template.active:
         raise InvalidInput.field("template", f"template {template.name} is withdrawn")
-    if not Image.objects.usable_by(project).filter(pk=image.pk).exists():
+    if not _IMAGE_USABLE.tuples(project.pk, image.pk):
         raise InvalidInput.field("image", "no such image for this project")
     if placement_group is not None and placement_group.project_id != project.pk:
         raise InvalidInput.field("placement_group", "no such placement group in this project")
@@ -107,12 +125,7 @@ def vm_create(
         raise InvalidInput.field(
             "template", f"image {image.name} needs {image.min_memory_gib} GiB of memory or more"
         )
-    if (
-        VirtualMachine.objects.for_project(project)
-        .filter(name=name)
-        .exclude(state=VmState.DELETED)
-        .exists()
-    ):
+    if _NAME_TAKEN.tuples(project.pk, name):
         raise Conflict(
             f"a VM named {name} exists in project {project.slug}", details={"name": ["taken"]}
         )
