@@ -292,6 +292,28 @@ def _column_converter(functions, expression, connection) -> Callable[[Any], Any]
     return chained
 
 
+def _places(sql, params, other_sql, other_params, sets, kinds, connection) -> list | None:
+    """Where the values go in a statement compiled twice (``sql`` and ``params`` with the
+    stand-ins ``sets[0]``, the others with ``sets[1]``): ``(index, which, bind)`` for each
+    parameter that is value ``which``'s, bound by ``bind``; None unless both compiled to
+    the same text and every other parameter is the same constant in both (a text, a
+    number, a truth value, one of a model's choices) that no stand-in could be."""
+    if sql != other_sql or len(params) != len(other_params):
+        return None
+    places = []
+    for index, (param, other) in enumerate(zip(params, other_params, strict=True)):
+        found = [
+            (which, bind)
+            for which, kind in enumerate(kinds)
+            if (bind := _binding(kind, param, sets[0][which], sets[1][which], other, connection))
+        ]
+        if found:
+            places.append((index, *found[0]))
+        elif param != other or not isinstance(param, str | int) or other in sets[1]:
+            return None
+    return places
+
+
 def compile_read(
     build: Callable[..., models.QuerySet], count: int, kinds: tuple[type, ...] = ()
 ) -> CompiledRead | None:
@@ -325,19 +347,9 @@ def compile_read(
             return None
         compiled.append((queryset, compiler, sql, tuple(params)))
     (queryset, compiler, sql, params), (_, _, other_sql, other_params) = compiled
-    if sql != other_sql or len(params) != len(other_params):
+    places = _places(sql, params, other_sql, other_params, sets, kinds, compiler.connection)
+    if places is None:
         return None
-    places = []
-    for index, (param, other) in enumerate(zip(params, other_params, strict=True)):
-        found = [
-            (which, bind)
-            for which, kind in enumerate(kinds)
-            if (bind := _binding(kind, param, sets[0][which], sets[1][which], other))
-        ]
-        if found:
-            places.append((index, *found[0]))
-        elif param != other or not isinstance(param, str | int) or other in sets[1]:
-            return None
     # A choice's plain value: psycopg dumps a str faster than a str that is an Enum.
     params = tuple(value.value if isinstance(value, Enum) else value for value in params)
     fields = [column[0] for column in compiler.select[: compiler.col_count]]
@@ -470,20 +482,8 @@ def compile_update(
             return None
         compiled.append((queryset.db, compiler.connection, sql, tuple(params)))
     (alias, connection, sql, params), (_, _, other_sql, other_params) = compiled
-    if sql != other_sql or len(params) != len(other_params):
-        return None
-    places = []
-    for index, (param, other) in enumerate(zip(params, other_params, strict=True)):
-        found = [
-            (which, bind)
-            for which, kind in enumerate(kinds)
-            if (bind := _binding(kind, param, sets[0][which], sets[1][which], other, connection))
-        ]
-        if found:
-            places.append((index, *found[0]))
-        elif param != other or not isinstance(param, str | int) or other in sets[1]:
-            return None
-    if {which for _, which, _ in places} != set(range(len(kinds))):
+    places = _places(sql, params, other_sql, other_params, sets, kinds, connection)
+    if places is None or {which for _, which, _ in places} != set(range(len(kinds))):
         return None
     params = tuple(value.value if isinstance(value, Enum) else value for value in params)
     return alias, sql, params, tuple(places)
