@@ -477,7 +477,10 @@ def compile_update(
         if query.related_updates or query.order_by:
             return None
         compiler = query.get_compiler(queryset.db)
-        sql, params = compiler.as_sql()
+        try:
+            sql, params = compiler.as_sql()
+        except EmptyResultSet:  # a WHERE nothing can match (a stand-in out of its range)
+            return None
         if not sql:
             return None
         compiled.append((queryset.db, compiler.connection, sql, tuple(params)))

@@ -378,6 +378,11 @@ def test_a_compiled_update_writes_what_the_orms_update_writes(project, other_pro
     )
     with pytest.raises(AssertionError, match="cannot be compiled"):
         refused.run(ours.pk)
+    unmatched = CompiledUpdate(  # a WHERE nothing can match: refused, not an EmptyResultSet
+        lambda pk: (Operation.objects.filter(pk=pk, id__in=[]), {"error_code": "x"}), UUID
+    )
+    with pytest.raises(AssertionError, match="cannot be compiled"):
+        unmatched.run(ours.pk)
 
 
 @pytest.mark.embedded
