@@ -8,11 +8,9 @@ change-logging context, kept small.
 
 An event is written with nearly every change Kumo makes (a VM's life writes eight or nine),
 so ``record`` does not go through ``Model.save``, which builds and compiles the same
-``INSERT`` each time: it runs that ``INSERT``, built once from the model's fields, on
-Django's cursor (on PostgreSQL, prepared as the settings prepare every statement a
-connection runs again: ``controlplane.prepared``). Each field's value is what ``save`` would
-write (``pre_save``, then ``get_db_prep_save``), and nothing listens to the model's save
-signals.
+``INSERT`` each time: it runs that ``INSERT``, built once from the model's fields
+(``controlplane.compiled.insert``; on PostgreSQL, prepared as the settings prepare every
+statement a connection runs again: ``controlplane.prepared``).
 """
 
 import contextvars
@@ -23,9 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from django.conf import settings
-from django.db import connections, router
 
 from controlplane.choices import AuditOutcome, AuditSource
+from controlplane.compiled import insert
 
 
 @dataclass(frozen=True)
@@ -128,38 +126,8 @@ def record(
         detail=detail or {},
         request_id=ctx.request_id,
     )
-    _insert(event)
+    insert(event)
     return event
-
-
-def _insert(event) -> None:
-    """Write ``event`` (new) as ``event.save()`` would, in one ``INSERT``."""
-    using = router.db_for_write(type(event), instance=event)  # where ``save`` writes it
-    connection = connections[using]
-    sql, fields = _insert_statement(type(event), connection)
-    params = [field.get_db_prep_save(field.pre_save(event, True), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        (event.pk,) = cursor.fetchone()
-    event._state.adding, event._state.db = False, using
-
-
-_INSERTS: dict[tuple, tuple[str, tuple]] = {}
-
-
-def _insert_statement(model, connection) -> tuple[str, tuple]:
-    """The ``INSERT … RETURNING`` key of a new row of ``model`` on ``connection``'s kind of
-    database, and the fields whose values it takes, in order: built once per kind."""
-    key = (model, connection.vendor)
-    if key not in _INSERTS:
-        quote = connection.ops.quote_name
-        fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
-        columns = ", ".join(quote(f.column) for f in fields)
-        values = ", ".join(["%s"] * len(fields))
-        table, pk = quote(model._meta.db_table), quote(model._meta.pk.column)
-        sql = f"INSERT INTO {table} ({columns}) VALUES ({values}) RETURNING {pk}"
-        _INSERTS[key] = (sql, fields)
-    return _INSERTS[key]
 
 
 def client_ip(request) -> str | None:

@@ -16,6 +16,7 @@ the same for an UPDATE: ``build`` answers the queryset and the changes that
 ``queryset.update(**changes)`` would write, and each run binds its values (a time, a
 number, a key) where the stand-ins were. ``update_where(model, where, changes)`` is one of
 those for each shape of a row's update whose fields vary with the call (a VM's transition).
+``insert(obj)`` writes a new instance as ``save`` would, its ``INSERT`` built once per model.
 
 A read runs as a statement PostgreSQL keeps prepared on the connection
 (``controlplane.prepared``).
@@ -37,7 +38,7 @@ from uuid import UUID
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connection as default_connection
-from django.db import connections, models, transaction
+from django.db import connections, models, router, transaction
 from django.db.models.fields.json import KeyTransform
 from django.db.models.query import (
     ModelIterable,
@@ -590,3 +591,53 @@ def refresh_from(obj: models.Model, fresh: models.Model) -> None:
         if relation.is_relation and relation.is_cached(obj):
             relation.delete_cached_value(obj)
     obj._state.db = fresh._state.db
+
+
+# --- inserts --------------------------------------------------------------------------------
+
+#: The INSERT of a new row of a model, by model and kind of database: its SQL, the fields
+#: whose values it takes in order, and whether it returns the key the database chose.
+_INSERTS: dict[tuple, tuple[str, tuple, bool]] = {}
+
+
+def insert(obj: models.Model) -> None:
+    """Write ``obj``, a new instance, as ``obj.save(force_insert=True)`` would, in one
+    ``INSERT`` built once for its model and kind of database rather than built and compiled
+    at every save: each field's value is what ``save`` writes (``pre_save``, then
+    ``get_db_prep_save``), and a key the database chooses is read back.
+
+    For a model with no ``save`` of its own and no receiver of its save signals (the rows
+    nearly every change writes: audit events, operations, events, VMs); any other is saved by
+    ``save`` itself, so nothing that listens is skipped."""
+    model = type(obj)
+    if model.save is not models.Model.save or any(
+        signal.has_listeners(model)
+        for signal in (models.signals.pre_save, models.signals.post_save)
+    ):
+        obj.save(force_insert=True)
+        return
+    using = router.db_for_write(model, instance=obj)  # where ``save`` writes it
+    connection = connections[using]
+    sql, fields, returning = _insert_statement(model, connection)
+    params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if returning:
+            (obj.pk,) = cursor.fetchone()
+    obj._state.adding, obj._state.db = False, using
+
+
+def _insert_statement(model, connection) -> tuple[str, tuple, bool]:
+    key = (model, connection.vendor)
+    if key not in _INSERTS:
+        quote = connection.ops.quote_name
+        pk = model._meta.pk
+        returning = isinstance(pk, models.AutoField | models.BigAutoField | models.SmallAutoField)
+        fields = tuple(f for f in model._meta.concrete_fields if not (f.primary_key and returning))
+        columns = ", ".join(quote(f.column) for f in fields)
+        values = ", ".join(["%s"] * len(fields))
+        sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({values})"
+        if returning:
+            sql += f" RETURNING {quote(pk.column)}"
+        _INSERTS[key] = (sql, fields, returning)
+    return _INSERTS[key]

@@ -18,9 +18,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import egress
+from controlplane.compiled import Compiled, insert
 from controlplane.models import Event, Webhook
 
 log = logging.getLogger(__name__)
+
+#: A project's webhooks, read at every event: compiled once.
+_HOOKS = Compiled(lambda project_id: Webhook.objects.for_project(project_id), int)
 
 SIGNATURE_HEADER = "X-Kumo-Signature"
 
@@ -35,7 +39,7 @@ def emit(
     mail: bool = False,
 ) -> Event:
     """Record event ``kind`` for ``project`` and deliver it after commit."""
-    event = Event.objects.create(
+    event = Event(
         project=project,
         kind=kind,
         message=message[:500],
@@ -43,7 +47,8 @@ def emit(
         object_id=str(obj.pk) if obj is not None else "",
         payload=payload or {},
     )
-    hooks = [h.pk for h in Webhook.objects.for_project(project) if h.wants(kind)]
+    insert(event)  # built once: evictions and placements emit them by the thousand
+    hooks = [h.pk for h in _HOOKS.objects(project.pk) if h.wants(kind)]
 
     def deliver():
         for hook in hooks:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from controlplane import audit, egress
 from controlplane.choices import AuditOutcome, OperationState
-from controlplane.compiled import CompiledUpdate
+from controlplane.compiled import CompiledUpdate, insert
 from controlplane.errors import InvalidInput
 from controlplane.models import IdempotencyKey, Operation, Webhook
 from controlplane.rowjoin import Join, RowLookup, pk_param
@@ -30,8 +30,9 @@ def operation_create(
 ) -> Operation:
     """Record accepted asynchronous work. Call inside the transaction that asks for it, and
     dispatch the work with ``transaction.on_commit`` so a worker never sees an uncommitted
-    operation."""
-    return Operation.objects.create(
+    operation. Nearly every action opens one: its INSERT is built once
+    (``controlplane.compiled.insert``)."""
+    operation = Operation(
         kind=kind,
         target_type=target._meta.label_lower,
         target_id=str(target.pk),
@@ -39,6 +40,8 @@ def operation_create(
         created_by=created_by if getattr(created_by, "is_authenticated", False) else None,
         deadline_at=timezone.now() + timedelta(seconds=deadline_s or settings.OPERATION_DEADLINE_S),
     )
+    insert(operation)
+    return operation
 
 
 def operation_start(*, operation_id) -> bool:

@@ -45,7 +45,7 @@ from compute.services.lifecycle import (
     transition,
 )
 from controlplane import agents, audit
-from controlplane.compiled import Compiled, update_where, value_kind
+from controlplane.compiled import Compiled, insert, update_where, value_kind
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
@@ -136,7 +136,7 @@ def vm_create(
         memory_gib=template.memory_gib,
         gpus=template.gpus,
     )
-    vm = VirtualMachine.objects.create(
+    vm = VirtualMachine(
         project=project,
         name=name,
         template=template,
@@ -154,6 +154,7 @@ def vm_create(
         user_data=user_data,
         created_by=actor if getattr(actor, "is_authenticated", False) else None,
     )
+    insert(vm)  # its INSERT built once (``controlplane.compiled.insert``)
     _create_ports(vm, nics)
     operation = open_operation(vm, "vm.create", actor)
     try:

@@ -566,3 +566,54 @@ def test_a_statement_run_again_is_kept_prepared_and_logged_with_its_values(proje
             ["SELECT $1::int + 1, $2"],
         )
         assert cursor.fetchone() == ((1,) if threshold == 5 else (0,))
+
+
+@pytest.mark.embedded
+def test_a_compiled_insert_writes_the_row_save_writes(project):
+    """``compiled.insert`` writes a new instance's row as ``save`` would: a key the database
+    chooses is read back (an audit event's), a key the model makes is written (an
+    operation's UUID), each field's ``pre_save`` runs (``auto_now_add``), and the instance
+    is saved as far as Django can tell. Read back, the rows hold what was given."""
+    from controlplane.compiled import insert
+    from controlplane.models import Operation
+
+    event = AuditEvent(action="test.insert", object_type="x", detail={"n": 1}, project=project)
+    insert(event)
+    assert event.pk is not None and not event._state.adding
+    row = AuditEvent.objects.get(pk=event.pk)
+    assert (row.action, row.detail, row.project_id) == ("test.insert", {"n": 1}, project.pk)
+    assert row.at is not None and row.at == event.at
+
+    operation = Operation(
+        kind="vm.create", target_type="t", target_id="1", project=project, deadline_at=event.at
+    )
+    chosen = operation.pk
+    insert(operation)
+    assert operation.pk == chosen and not operation._state.adding
+    assert Operation.objects.filter(pk=chosen, kind="vm.create", project=project).exists()
+    assert Operation.objects.get(pk=chosen).created_at == operation.created_at
+
+
+@pytest.mark.embedded
+def test_a_compiled_insert_of_a_model_something_listens_to_is_saved_by_save(project):
+    """A model whose save signals have a receiver is written by ``save`` itself, so the
+    receiver hears of the row: ``insert`` skips nothing that listens."""
+    from django.db.models.signals import post_save
+
+    from controlplane.compiled import insert
+    from controlplane.models import Operation
+
+    heard = []
+
+    def listener(sender, instance, created, **kwargs):
+        heard.append((instance.pk, created))
+
+    post_save.connect(listener, sender=Operation, weak=False, dispatch_uid="test-insert")
+    try:
+        operation = Operation(kind="vm.create", target_type="t", target_id="1", project=project)
+        operation.deadline_at = operation.created_at or datetime.now(UTC)
+        insert(operation)
+    finally:
+        post_save.disconnect(dispatch_uid="test-insert", sender=Operation)
+    assert heard == [(operation.pk, True)]
+    assert Operation.objects.filter(pk=operation.pk).exists()
