@@ -70,6 +70,21 @@ def _job_vm(vm_id):
 #: A job's VM at its end, as ``vm_delete`` takes it.
 _JOB_VM = Compiled(_job_vm, uuid.UUID)
 
+
+def _notices():
+    from compute.choices import VmState, VmTask
+    from compute.models import VirtualMachine
+
+    return (
+        VirtualMachine.objects.filter(state=VmState.EVICTING, task_state=VmTask.NONE)
+        .order_by("pk")
+        .values_list("pk", "eviction_deadline")
+    )
+
+
+#: The notices given and not yet reaped, read after every decision that may give one.
+_NOTICES = Compiled(_notices)
+
 EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
 
 
@@ -98,6 +113,7 @@ class _Vm:
     working: bool = False
     host: str = ""
     stop_sent_at: float | None = None
+    guest: object = None  # the VM as its guest's checkpoint reports name it, made once
 
 
 @dataclass
@@ -489,12 +505,7 @@ class Replay:
 
     def _after_decisions(self) -> None:
         """Notices given by the last service call: reap each at its deadline."""
-        from compute.choices import VmState, VmTask
-        from compute.models import VirtualMachine
-
-        for notice in VirtualMachine.objects.filter(
-            state=VmState.EVICTING, task_state=VmTask.NONE
-        ).values_list("pk", "eviction_deadline"):
+        for notice in _NOTICES.tuples():
             # A spot VM evicted, started again and noticed anew has a new deadline.
             if notice not in self.reaps:
                 self.reaps.add(notice)
@@ -546,7 +557,9 @@ class Replay:
         vm = self.vms[vm_id]
         if run != vm.run or not vm.working:
             return  # stopped meanwhile: its next start counts from its last checkpoint
-        compute.checkpoint_report(vm=VirtualMachine(pk=vm_id, name=f"j{vm.job.index}"))
+        if vm.guest is None:
+            vm.guest = VirtualMachine(pk=vm_id, name=f"j{vm.job.index}")
+        compute.checkpoint_report(vm=vm.guest)
         self._checkpoint_due(vm, n + 1)
 
     def _on_report(

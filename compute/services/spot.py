@@ -66,7 +66,7 @@ from compute.services.lifecycle import (
     transition,
 )
 from controlplane import agents, audit, events
-from controlplane.compiled import CompiledUpdate
+from controlplane.compiled import Compiled, CompiledUpdate
 from controlplane.errors import Conflict, NotFound
 from controlplane.models import Operation
 
@@ -650,30 +650,51 @@ def evictions_reap(*, now: datetime | None = None) -> int:
     Returns how many victims were told to stop. All of it is read from the database, so
     a controller restarted mid-notice carries on where it was."""
     now = now or timezone.now()
-    due = VirtualMachine.objects.filter(
-        state=VmState.EVICTING, task_state=VmTask.NONE, eviction_deadline__lte=now
-    ).values_list("pk", flat=True)
     count = 0
-    for pk in list(due):
+    for (pk,) in _NOTICE_ENDED.tuples(now):
         with transaction.atomic():
-            vm = (
-                VirtualMachine.objects.select_for_update(of=("self",), skip_locked=True)
-                .select_related("project", "host", "image")
-                .filter(pk=pk, state=VmState.EVICTING, task_state=VmTask.NONE)
-                .first()
-            )
-            if vm is None:
+            found = _REAPED.objects(pk)
+            if not found:
                 continue
-            _stop_now(vm, why="notice ended")
+            _stop_now(found[0], why="notice ended")
             count += 1
-    orphaned = VirtualMachine.objects.filter(
-        state=VmState.PENDING, reserved_host__isnull=False
-    ).exclude(pk__in=VirtualMachine.objects.filter(state=VmState.EVICTING).values("evicted_for"))
-    for pk in list(orphaned.values_list("pk", flat=True)):
+    for (pk,) in _WAITING_FOR_NONE.tuples():
         VirtualMachine.objects.filter(pk=pk, state=VmState.PENDING).update(
             reserved_host=None, state_reason="the evictions for this VM ended; waiting for room"
         )
     return count
+
+
+# The reaper's reads, compiled once: it runs at every notice's deadline. The victims whose
+# notice has ended, in key order (so the order of their stops is the same in every run); one
+# of them locked (skipped when another transaction holds it) with what
+# its stop needs; the VMs still reserving a host that no victim is being evicted for.
+_NOTICE_ENDED = Compiled(
+    lambda now: (
+        VirtualMachine.objects.filter(
+            state=VmState.EVICTING, task_state=VmTask.NONE, eviction_deadline__lte=now
+        )
+        .order_by("pk")
+        .values_list("pk")
+    ),
+    datetime,
+)
+_REAPED = Compiled(
+    lambda pk: (
+        VirtualMachine.objects.select_for_update(of=("self",), skip_locked=True)
+        .select_related("project", "host", "image")
+        .filter(pk=pk, state=VmState.EVICTING, task_state=VmTask.NONE)[:1]
+    ),
+    UUID,
+)
+_WAITING_FOR_NONE = Compiled(
+    lambda: (
+        VirtualMachine.objects.filter(state=VmState.PENDING, reserved_host__isnull=False)
+        .exclude(pk__in=VirtualMachine.objects.filter(state=VmState.EVICTING).values("evicted_for"))
+        .order_by("pk")
+        .values_list("pk")
+    )
+)
 
 
 # --- the hand-over --------------------------------------------------------------------------
@@ -688,12 +709,7 @@ def evictions_hand_over(host: Host) -> list[str]:
     The lock order, the same as the guests report's: the host row, then its VMs by primary
     key. Every transaction that locks more than one VM of a host holds the host's row first
     (``preempt_for`` too), so none of them can wait for another in a cycle."""
-    victims = list(
-        VirtualMachine.objects.select_for_update(of=("self",))
-        .select_related("project", "template")
-        .filter(host_id=host.pk, state=VmState.EVICTING)
-        .order_by("pk")
-    )
+    victims = _VICTIMS_LOCKED.objects(host.pk)
     hand_overs: dict = {}
     for victim in victims:
         # A victim whose waiter was deleted meanwhile is its own hand-over.
@@ -702,11 +718,7 @@ def evictions_hand_over(host: Host) -> list[str]:
         return []
     # A victim its project deleted during its notice holds its room until its guest is gone
     # (``victim_gone`` then calls this again): its waiter's hand-over waits for it.
-    deleting = set(
-        VirtualMachine.objects.filter(
-            host_id=host.pk, state=VmState.DELETING, evicted_for__isnull=False
-        ).values_list("evicted_for_id", flat=True)
-    )
+    deleting = {waiter for (waiter,) in _WAITERS_OF_DELETING.tuples(host.pk)}
     evicted: list[str] = []
     for group in hand_overs.values():
         if not all(shut_off(v) for v in group) or group[0].evicted_for_id in deleting:
@@ -717,6 +729,35 @@ def evictions_hand_over(host: Host) -> list[str]:
         if waiter_id is not None:
             _place_waiter(waiter_id, host.pk)
     return evicted
+
+
+# The hand-over's reads, compiled once: it runs at every eviction. A host's victims, locked in
+# key order; the waiters of its victims deleted during their notice; a waiter, locked.
+_VICTIMS_LOCKED = Compiled(
+    lambda host_id: (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "template")
+        .filter(host_id=host_id, state=VmState.EVICTING)
+        .order_by("pk")
+    ),
+    int,
+)
+_WAITERS_OF_DELETING = Compiled(
+    lambda host_id: VirtualMachine.objects.filter(
+        host_id=host_id, state=VmState.DELETING, evicted_for__isnull=False
+    ).values_list("evicted_for_id"),
+    int,
+)
+_WAITER_LOCKED = Compiled(
+    lambda pk, host_id: (
+        VirtualMachine.objects.select_for_update(of=("self",))
+        .select_related("project", "image", "placement_group")
+        .filter(pk=pk, state=VmState.PENDING, reserved_host_id=host_id)
+        .order_by("pk")[:1]
+    ),
+    UUID,
+    int,
+)
 
 
 def victim_gone(vm: VirtualMachine, host: Host) -> None:
@@ -790,14 +831,10 @@ def shut_off(vm: VirtualMachine) -> bool:
 
 
 def _place_waiter(waiter_id, host_id: int) -> None:
-    waiter = (
-        VirtualMachine.objects.select_for_update(of=("self",))
-        .select_related("project", "image", "placement_group")
-        .filter(pk=waiter_id, state=VmState.PENDING, reserved_host_id=host_id)
-        .first()
-    )
-    if waiter is None:
+    found = _WAITER_LOCKED.objects(waiter_id, host_id)
+    if not found:
         return  # deleted meanwhile: the room is simply free
+    waiter = found[0]
     try:
         with transaction.atomic():
             placement.place_on(waiter, host_id)
