@@ -595,49 +595,61 @@ def refresh_from(obj: models.Model, fresh: models.Model) -> None:
 
 # --- inserts --------------------------------------------------------------------------------
 
-#: The INSERT of a new row of a model, by model and kind of database: its SQL, the fields
-#: whose values it takes in order, and whether it returns the key the database chose.
-_INSERTS: dict[tuple, tuple[str, tuple, bool]] = {}
+#: The INSERT of a new row of a model, by model and kind of database: its SQL and the
+#: fields whose values it takes, in order.
+_INSERTS: dict[tuple, tuple[str, tuple]] = {}
 
 
 def insert(obj: models.Model) -> None:
     """Write ``obj``, a new instance, as ``obj.save(force_insert=True)`` would, in one
     ``INSERT`` built once for its model and kind of database rather than built and compiled
     at every save: each field's value is what ``save`` writes (``pre_save``, then
-    ``get_db_prep_save``), and a key the database chooses is read back.
+    ``get_db_prep_save``), and the values the database chooses (an auto key) are read back.
 
-    For a model with no ``save`` of its own and no receiver of its save signals (the rows
-    nearly every change writes: audit events, operations, events, VMs); any other is saved by
-    ``save`` itself, so nothing that listens is skipped."""
+    For a plain model (no ``save`` of its own, no receiver of its save signals, no parent
+    model, no auto key given): the rows nearly every change writes, audit events,
+    operations, events, VMs. Any other instance is saved by ``save`` itself, so nothing
+    that listens or that ``save`` does beyond the one row is skipped."""
     model = type(obj)
-    if model.save is not models.Model.save or any(
-        signal.has_listeners(model)
-        for signal in (models.signals.pre_save, models.signals.post_save)
+    meta = model._meta
+    returned = meta.db_returning_fields
+    if (
+        model.save is not models.Model.save
+        or meta.parents
+        or any(getattr(obj, f.attname) is not None for f in returned)
+        or any(s.has_listeners(model) for s in (models.signals.pre_save, models.signals.post_save))
     ):
         obj.save(force_insert=True)
         return
     using = router.db_for_write(model, instance=obj)  # where ``save`` writes it
     connection = connections[using]
-    sql, fields, returning = _insert_statement(model, connection)
+    sql, fields = _insert_statement(model, connection)
     params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if returning:
-            (obj.pk,) = cursor.fetchone()
+        if returned:
+            for field, value in zip(returned, cursor.fetchone(), strict=True):
+                setattr(obj, field.attname, value)
     obj._state.adding, obj._state.db = False, using
 
 
-def _insert_statement(model, connection) -> tuple[str, tuple, bool]:
+def _insert_statement(model, connection) -> tuple[str, tuple]:
+    """The INSERT of a new row of ``model`` (``RETURNING`` the values the database chooses)
+    and the fields whose values it takes, in order: built once per kind of database."""
     key = (model, connection.vendor)
     if key not in _INSERTS:
         quote = connection.ops.quote_name
-        pk = model._meta.pk
-        returning = isinstance(pk, models.AutoField | models.BigAutoField | models.SmallAutoField)
-        fields = tuple(f for f in model._meta.concrete_fields if not (f.primary_key and returning))
+        meta = model._meta
+        returned = meta.db_returning_fields
+        fields = tuple(
+            f
+            for f in meta.local_concrete_fields
+            if f not in returned and not getattr(f, "generated", False)
+        )
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(["%s"] * len(fields))
-        sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({values})"
-        if returning:
-            sql += f" RETURNING {quote(pk.column)}"
-        _INSERTS[key] = (sql, fields, returning)
+        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values})"
+        if returned:
+            sql += " RETURNING " + ", ".join(quote(f.column) for f in returned)
+        _INSERTS[key] = (sql, fields)
     return _INSERTS[key]

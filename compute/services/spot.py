@@ -666,9 +666,9 @@ def evictions_reap(*, now: datetime | None = None) -> int:
 
 
 # The reaper's reads, compiled once: it runs at every notice's deadline. The victims whose
-# notice has ended, in key order (so the order of their stops is the same in every run); one
-# of them locked (skipped when another transaction holds it) with what
-# its stop needs; the VMs still reserving a host that no victim is being evicted for.
+# notice has ended, in key order (their stops come in the same order whatever the plan);
+# one of them locked (skipped when another transaction holds it) with what its stop needs;
+# the VMs still reserving a host that no victim is being evicted for.
 _NOTICE_ENDED = Compiled(
     lambda now: (
         VirtualMachine.objects.filter(
@@ -752,8 +752,7 @@ _WAITER_LOCKED = Compiled(
     lambda pk, host_id: (
         VirtualMachine.objects.select_for_update(of=("self",))
         .select_related("project", "image", "placement_group")
-        .filter(pk=pk, state=VmState.PENDING, reserved_host_id=host_id)
-        .order_by("pk")[:1]
+        .filter(pk=pk, state=VmState.PENDING, reserved_host_id=host_id)[:1]
     ),
     UUID,
     int,

@@ -569,13 +569,21 @@ def test_a_statement_run_again_is_kept_prepared_and_logged_with_its_values(proje
 
 
 @pytest.mark.embedded
-def test_a_compiled_insert_writes_the_row_save_writes(project):
-    """``compiled.insert`` writes a new instance's row as ``save`` would: a key the database
-    chooses is read back (an audit event's), a key the model makes is written (an
-    operation's UUID), each field's ``pre_save`` runs (``auto_now_add``), and the instance
-    is saved as far as Django can tell. Read back, the rows hold what was given."""
+def test_a_compiled_insert_writes_the_row_save_writes(project, monkeypatch):
+    """``compiled.insert`` writes a new instance's row as ``save`` would, without ``save``:
+    a key the database chooses is read back (an audit event's), a key the model makes is
+    written (an operation's UUID), each field's ``pre_save`` runs (``auto_now_add``), and
+    the instance is saved as far as Django can tell. Read back, the rows hold what was
+    given."""
+    from django.db import models
+
     from controlplane.compiled import insert
     from controlplane.models import Operation
+
+    def not_by_save(*args, **kwargs):
+        raise AssertionError("written by save, not by its own INSERT")
+
+    monkeypatch.setattr(models.Model, "save_base", not_by_save)
 
     event = AuditEvent(action="test.insert", object_type="x", detail={"n": 1}, project=project)
     insert(event)
