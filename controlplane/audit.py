@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from django.conf import settings
 
 from controlplane.choices import AuditOutcome, AuditSource
-from controlplane.compiled import insert
+from controlplane.compiled import insert, insert_many
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,32 @@ _context: contextvars.ContextVar[AuditContext] = contextvars.ContextVar(
 
 def current() -> AuditContext:
     return _context.get()
+
+
+#: The events ``record`` keeps inside ``batched`` blocks, for the outermost one to write.
+_batch: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "kumo_audit_batch", default=None
+)
+
+
+@contextmanager
+def batched():
+    """Inside the block, ``record`` keeps the events it makes, and the block's end writes
+    them all in one ``INSERT`` (``controlplane.compiled.insert_many``): a host's report
+    that moves a VM and finishes its operation records both with one statement. A block
+    inside another is the outer one's. Used inside the transaction of the same service,
+    so that an exception that leaves the block, and writes nothing, rolls back the change
+    the events were about as well."""
+    if _batch.get() is not None:
+        yield
+        return
+    token = _batch.set([])
+    try:
+        yield
+        events = _batch.get()
+    finally:
+        _batch.reset(token)
+    insert_many(events)
 
 
 @contextmanager
@@ -126,7 +152,11 @@ def record(
         detail=detail or {},
         request_id=ctx.request_id,
     )
-    insert(event)
+    kept = _batch.get()
+    if kept is None:
+        insert(event)
+    else:
+        kept.append(event)  # written at the end of the batch (``batched``)
     return event
 
 

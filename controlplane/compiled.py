@@ -49,6 +49,7 @@ from django.db.models.query import (
 from django.db.models.sql import UpdateQuery
 
 from controlplane import prepared
+from controlplane.rowjoin import column_converters
 
 
 def stand_in(kind: type, which: int, position: int):
@@ -433,13 +434,62 @@ class CompiledUpdate:
     that cannot be compiled (one that changes rows of other tables, or whose SQL depends on
     anything but the values) raises ``AssertionError`` at its first run."""
 
-    __slots__ = ("build", "kinds", "updates")
+    __slots__ = ("build", "kinds", "returned", "updates")
 
     def __init__(self, build: Callable[..., tuple[models.QuerySet, dict]], *kinds: type) -> None:
         self.build, self.kinds = build, kinds
         self.updates: dict[str, tuple[str, str, tuple, tuple]] = {}
+        self.returned: dict[str, tuple] = {}  # ``_returned``'s, by kind of database
 
     def run(self, *values) -> int:
+        alias, sql, params = self._statement(values)
+        with (
+            transaction.mark_for_rollback_on_error(using=alias),
+            connections[alias].cursor() as cursor,
+        ):
+            cursor.execute(sql, params)
+            return cursor.rowcount
+
+    def returning(self, *values) -> list[models.Model]:
+        """What ``run`` does, answering the rows it updated as they are after it, instances
+        of the queryset's model built as the ORM builds a row it reads (every concrete
+        field, no related object): the UPDATE and the read of its rows in one statement
+        (``UPDATE … RETURNING``, which PostgreSQL and SQLite take)."""
+        alias, sql, params = self._statement(values)
+        connection = connections[alias]
+        model, names, clause, converters = self.returned.get(connection.vendor) or self._returned(
+            connection
+        )
+        with (
+            transaction.mark_for_rollback_on_error(using=alias),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(sql + clause, params)
+            fetched = cursor.fetchall()
+        answer = []
+        for row in fetched:
+            converted = []
+            for value, steps in zip(row, converters, strict=True):
+                for convert, expression in steps:
+                    value = convert(value, expression, connection)
+                converted.append(value)
+            answer.append(model.from_db(alias, names, converted))
+        return answer
+
+    def _returned(self, connection) -> tuple:
+        """``returning``'s model, its fields' names, its clause and each column's
+        converters, made once for each kind of database."""
+        model = self.build(*(stand_in(kind, 0, n) for n, kind in enumerate(self.kinds)))[0].model
+        quote, table = connection.ops.quote_name, model._meta.db_table
+        fields = model._meta.concrete_fields
+        clause = " RETURNING " + ", ".join(f"{quote(table)}.{quote(f.column)}" for f in fields)
+        converters = tuple(tuple(column_converters(f, table, connection)) for f in fields)
+        names = [f.attname for f in fields]
+        self.returned[connection.vendor] = (model, names, clause, converters)
+        return self.returned[connection.vendor]
+
+    def _statement(self, values: tuple) -> tuple[str, str, list]:
+        """The database alias, the SQL and its parameters of the UPDATE with ``values``."""
         vendor = default_connection.vendor
         update = self.updates.get(vendor)
         if update is None:
@@ -452,12 +502,7 @@ class CompiledUpdate:
         for index, which, bind in places:
             value = values[which]
             params[index] = None if value is None else bind(value)
-        with (
-            transaction.mark_for_rollback_on_error(using=alias),
-            connections[alias].cursor() as cursor,
-        ):
-            cursor.execute(sql, params)
-            return cursor.rowcount
+        return alias, sql, params
 
 
 def compile_update(
@@ -593,6 +638,17 @@ def refresh_from(obj: models.Model, fresh: models.Model) -> None:
     obj._state.db = fresh._state.db
 
 
+def prefetched(obj: models.Model, name: str, objects: list) -> None:
+    """Leave ``objects`` as ``obj``'s related objects ``name`` (a reverse relation), as
+    ``prefetch_related_objects([obj], name)`` leaves the ones it reads: ``obj.<name>.all()``
+    answers them, and a prefetch of ``name`` reads nothing more."""
+    queryset = getattr(obj, name).all()
+    queryset._result_cache, queryset._prefetch_done = list(objects), True
+    if not hasattr(obj, "_prefetched_objects_cache"):
+        obj._prefetched_objects_cache = {}
+    obj._prefetched_objects_cache[name] = queryset
+
+
 # --- inserts --------------------------------------------------------------------------------
 
 #: The INSERT of a new row of a model, by model and kind of database: its SQL and the
@@ -610,33 +666,57 @@ def insert(obj: models.Model) -> None:
     model, no auto key given): the rows nearly every change writes, audit events,
     operations, events, VMs. Any other instance is saved by ``save`` itself, so nothing
     that listens or that ``save`` does beyond the one row is skipped."""
-    model = type(obj)
+    insert_many([obj])
+
+
+def insert_many(objs: list[models.Model]) -> None:
+    """``insert`` of every one of ``objs``, new instances of one model, in one ``INSERT`` of
+    as many rows (built once for each count) where the database answers the values it chose
+    in the order of the rows, as ``bulk_create`` takes them (PostgreSQL, SQLite); one by
+    one elsewhere. Instances ``insert`` leaves to ``save`` are saved, one by one."""
+    if not objs:
+        return
+    model = type(objs[0])
     meta = model._meta
     returned = meta.db_returning_fields
-    if (
+    plain = not (
         model.save is not models.Model.save
         or meta.parents
-        or any(getattr(obj, f.attname) is not None for f in returned)
         or any(s.has_listeners(model) for s in (models.signals.pre_save, models.signals.post_save))
-    ):
-        obj.save(force_insert=True)
+    )
+    rows = []
+    for obj in objs:
+        if plain and not any(getattr(obj, f.attname) is not None for f in returned):
+            rows.append(obj)
+        else:
+            obj.save(force_insert=True)
+    if not rows:
         return
-    using = router.db_for_write(model, instance=obj)  # where ``save`` writes it
+    using = router.db_for_write(model, instance=rows[0])  # where ``save`` writes them
     connection = connections[using]
-    sql, fields = _insert_statement(model, connection)
-    params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        if returned:
-            for field, value in zip(returned, cursor.fetchone(), strict=True):
-                setattr(obj, field.attname, value)
-    obj._state.adding, obj._state.db = False, using
+    in_order = connection.vendor in ("postgresql", "sqlite")
+    for chunk in [rows] if in_order else [[obj] for obj in rows]:
+        sql, fields = _insert_statement(model, connection, len(chunk))
+        params = [
+            field.get_db_prep_save(field.pre_save(obj, True), connection)
+            for obj in chunk
+            for field in fields
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            if returned:
+                for obj, row in zip(chunk, cursor.fetchall(), strict=True):
+                    for field, value in zip(returned, row, strict=True):
+                        setattr(obj, field.attname, value)
+        for obj in chunk:
+            obj._state.adding, obj._state.db = False, using
 
 
-def _insert_statement(model, connection) -> tuple[str, tuple]:
-    """The INSERT of a new row of ``model`` (``RETURNING`` the values the database chooses)
-    and the fields whose values it takes, in order: built once per kind of database."""
-    key = (model, connection.vendor)
+def _insert_statement(model, connection, rows: int = 1) -> tuple[str, tuple]:
+    """The INSERT of ``rows`` new rows of ``model`` (``RETURNING`` the values the database
+    chooses) and the fields whose values each row takes, in order: built once per kind of
+    database and count."""
+    key = (model, connection.vendor, rows)
     if key not in _INSERTS:
         quote = connection.ops.quote_name
         meta = model._meta
@@ -647,8 +727,8 @@ def _insert_statement(model, connection) -> tuple[str, tuple]:
             if f not in returned and not getattr(f, "generated", False)
         )
         columns = ", ".join(quote(f.column) for f in fields)
-        values = ", ".join(["%s"] * len(fields))
-        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({values})"
+        values = ", ".join([f"({', '.join(['%s'] * len(fields))})"] * rows)
+        sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {values}"
         if returned:
             sql += " RETURNING " + ", ".join(quote(f.column) for f in returned)
         _INSERTS[key] = (sql, fields)

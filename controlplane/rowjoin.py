@@ -84,7 +84,7 @@ class RowLookup:
         cached = self._converters.get(alias)
         if cached is None:
             cached = tuple(
-                tuple(_column_converters(field, model._meta.db_table, connection))
+                tuple(column_converters(field, model._meta.db_table, connection))
                 for table_alias, model in self.tables
                 for field in self._fields[table_alias]
             )
@@ -108,10 +108,8 @@ class RowLookup:
                 found[table_alias] = None  # an outer join that matched nothing
             else:
                 values = []
-                for value, column_converters in zip(
-                    row[start:end], converters[start:end], strict=True
-                ):
-                    for convert, expression in column_converters:
+                for value, steps in zip(row[start:end], converters[start:end], strict=True):
+                    for convert, expression in steps:
                         value = convert(value, expression, connection)
                     values.append(value)
                 found[table_alias] = model.from_db(alias, [f.attname for f in fields], values)
@@ -158,7 +156,9 @@ def pk_param(model, value, connection):
     return key.get_db_prep_value(key.to_python(value), connection)
 
 
-def _column_converters(field, table: str, connection):
+def column_converters(field, table: str, connection):
+    """The converters the ORM's compiler applies to ``field``'s column of ``table``, each
+    with its expression, in order."""
     expression = field.get_col(table)
     backend = connection.ops.get_db_converters(expression)
     own = expression.get_db_converters(connection)

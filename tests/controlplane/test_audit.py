@@ -322,3 +322,28 @@ def test_client_ip(settings, hops, forwarded, remote, expected):
 )
 def test_source_for_path(path, source):
     assert audit.source_for_path(path) == source
+
+
+@pytest.mark.embedded
+def test_a_batch_of_records_is_written_at_its_end_in_one_insert(django_assert_num_queries):
+    """Inside ``audit.batched`` records are kept and written at the block's end, in the
+    order they were made, in one statement; a block inside it is the outer one's; a block
+    that raises writes none of its records."""
+    project = make_project()
+    before = AuditEvent.objects.count()
+    with django_assert_num_queries(1), audit.batched():
+        first = audit.record("test.batch.first", project, project=project)
+        with audit.batched():
+            second = audit.record("test.batch.second", project, project=project)
+        assert first.pk is None and second.pk is None  # not written yet
+    assert first.pk < second.pk
+    assert list(
+        AuditEvent.objects.filter(pk__in=[first.pk, second.pk])
+        .order_by("pk")
+        .values_list("action", flat=True)
+    ) == ["test.batch.first", "test.batch.second"]
+    with pytest.raises(RuntimeError), audit.batched():
+        audit.record("test.batch.lost", project, project=project)
+        raise RuntimeError("the change they were about failed")
+    assert AuditEvent.objects.count() == before + 2
+    assert audit.record("test.batch.after", project).pk is not None  # outside: written at once

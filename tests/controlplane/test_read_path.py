@@ -625,3 +625,62 @@ def test_a_compiled_insert_of_a_model_something_listens_to_is_saved_by_save(proj
         post_save.disconnect(dispatch_uid="test-insert", sender=Operation)
     assert heard == [(operation.pk, True)]
     assert Operation.objects.filter(pk=operation.pk).exists()
+
+
+@pytest.mark.embedded
+def test_a_compiled_update_returning_answers_the_rows_as_a_read_after_it(project, other_project):
+    """``CompiledUpdate.returning`` writes what ``run`` writes, in the same statement as the
+    read of the rows it updated: each is the instance a read after it builds (every field,
+    a JSON value and times converted as the ORM converts them); none when nothing matched."""
+    from django.utils import timezone
+
+    from controlplane.compiled import CompiledUpdate
+    from controlplane.models import Operation
+    from controlplane.services import operation_create
+
+    ours, theirs = (
+        operation_create(kind="vm.create", target=target, project=target)
+        for target in (project, other_project)
+    )
+    finish = CompiledUpdate(
+        lambda pk, at, result: (
+            Operation.objects.filter(pk=pk, state__in=["pending", "running"]),
+            {"state": "succeeded", "finished_at": at, "updated_at": at, "result": result},
+        ),
+        UUID,
+        datetime,
+        dict,
+    )
+    at = timezone.now()
+    (answered,) = finish.returning(ours.pk, at, {"state": "running", "n": [1, 2]})
+    read = Operation.objects.get(pk=ours.pk)
+    fields = [f.attname for f in Operation._meta.concrete_fields]
+    assert [getattr(answered, f) for f in fields] == [getattr(read, f) for f in fields]
+    assert (answered.state, answered.finished_at, answered.result["n"]) == ("succeeded", at, [1, 2])
+    assert not answered._state.adding
+    assert Operation.objects.get(pk=theirs.pk).state == "pending"  # not matched: untouched
+    assert finish.returning(ours.pk, at, {}) == []  # finished already: nothing matches
+
+
+@pytest.mark.embedded
+def test_a_compiled_insert_of_many_is_one_insert_of_the_rows_save_writes(
+    project, other_project, django_assert_num_queries
+):
+    """``insert_many`` writes new instances of one model in one statement, each with the
+    key the database chose for its own row, in the order given."""
+    from controlplane.compiled import insert_many
+
+    events = [
+        AuditEvent(action=f"test.many.{n}", object_type="x", project=target, detail={"n": n})
+        for n, target in enumerate([project, other_project, project])
+    ]
+    with django_assert_num_queries(1):
+        insert_many(events)
+    assert len({e.pk for e in events}) == 3 and all(not e._state.adding for e in events)
+    for n, event in enumerate(events):
+        row = AuditEvent.objects.get(pk=event.pk)
+        assert (row.action, row.detail, row.project_id) == (
+            f"test.many.{n}",
+            {"n": n},
+            event.project_id,
+        )
