@@ -38,7 +38,7 @@ from functools import lru_cache
 from typing import NamedTuple
 from uuid import UUID
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, router, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Floor
 from django.utils import timezone
@@ -47,6 +47,7 @@ from compute.choices import HostState, LeaseState, VmState
 from compute.models import Device, Host, Lease, VirtualMachine
 from compute.scheduler import Placement, Request
 from controlplane import prepared
+from controlplane.compiled import Compiled, prefetched
 from tenants import usage
 
 _CLAIM = f"""
@@ -155,12 +156,12 @@ def claim_write(
             vm, placement, req, at=now, admitted_if=admitted_if, borrow=borrow
         )
         with prepared.client_cursor(connection) as cursor:
-            ((answer,),) = execute_prepared(cursor, statement)
+            (answer,), devices = execute_prepared(cursor, statement, devices_statement(vm.pk))
         failure = claim_failure(answer, vm, placement)
         if failure is not None:
             claim_undo()
             raise failure
-        claimed(vm, placement, at=now)
+        claimed(vm, placement, at=now, devices=DEVICES.read().built(devices))
     else:
         if admitted_if is not None:
             with connection.cursor() as cursor:
@@ -182,12 +183,28 @@ def _changes(vm, placement: Placement) -> dict:
     }
 
 
-def claimed(vm: VirtualMachine, placement: Placement, *, at: datetime) -> None:
+_HOST_FIELD = VirtualMachine._meta.get_field("host")
+
+
+def claimed(
+    vm: VirtualMachine, placement: Placement, *, at: datetime, devices: list | None = None
+) -> None:
     """Update ``vm`` in place as its claim of ``placement``, written at ``at``, left its row
-    (so an answer may be made from it without reading it again)."""
+    (so an answer may be made from it without reading it again). Its host is the one the
+    decision named, as ``Host.objects.only("id", "name")`` reads it: what its host's work
+    and its audit record name, with any other field read when it is asked for. ``devices``:
+    its devices as the claim's round trip read them after it (``devices_statement``), left
+    as ``prefetch_related("devices")`` leaves them; not for a VM with RDMA NICs, whose
+    ports take their virtual functions once they bind, after the claim."""
+    if devices is not None and not vm.rdma_vfs:
+        prefetched(vm, "devices", devices)
     for name, value in _changes(vm, placement).items():
         setattr(vm, name, value)
     vm.updated_at = at
+    cached = _HOST_FIELD.get_cached_value(vm, default=None)
+    if cached is None or cached.pk != vm.host_id:
+        db = vm._state.db or router.db_for_write(Host)
+        vm.host = Host.from_db(db, ["id", "name"], [placement.host_id, placement.host_name])
 
 
 class Prepared(NamedTuple):
@@ -204,6 +221,34 @@ class Prepared(NamedTuple):
     each: tuple[str, ...] = ()
     preparing: Callable[[str, str], tuple[str, ...]] = lambda prepare, execute: (prepare,)
     after: tuple[str, ...] = ()
+
+
+def read_statement(read, values: tuple, *, name: str) -> Prepared:
+    """Compiled read ``read`` (``controlplane.compiled``) of ``values``, as
+    ``execute_prepared`` runs it, in savepoint ``name``, its parameters named after it;
+    its rows for ``read.built``."""
+    params = {f"{name}_{i}": value for i, value in enumerate(read.bound(values))}
+    return Prepared(_named(read.sql, name), params, savepoint=name, prefix=f"{name}_")
+
+
+@lru_cache(maxsize=64)
+def _named(sql: str, name: str) -> str:
+    """``sql`` with its parameters named ``<name>_0``, ``<name>_1``, … in order."""
+    if "%%" in sql:
+        raise AssertionError(f"a read with a literal % cannot be prepared here: {sql}")
+    parts = sql.split("%s")
+    return parts[0] + "".join(f"%({name}_{i})s{part}" for i, part in enumerate(parts[1:]))
+
+
+#: A VM's devices, as its host's work names them (``compute.services.lifecycle``): compiled
+#: once, and read in a claim's own round trip once the claim is written (``claimed``).
+DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
+
+
+def devices_statement(vm_id) -> Prepared:
+    """The read of ``DEVICES`` of VM ``vm_id``, to run after its claim in the same round
+    trip (``execute_prepared``)."""
+    return read_statement(DEVICES.read(), (vm_id,), name="kumo_devices")
 
 
 def claim_statement(

@@ -30,18 +30,18 @@ import random
 import threading
 import time
 from collections import Counter
-from functools import cache
 from typing import NamedTuple
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, OuterRef, Subquery
+from django.db.models import Count, F, FilteredRelation, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from compute import leases
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState
 from compute.claims import (
+    DEVICES,
     AdmissionToWeigh,
     ClaimConflict,
     Prepared,
@@ -51,7 +51,9 @@ from compute.claims import (
     claim_write,
     claimed,
     devices_give,
+    devices_statement,
     execute_prepared,
+    read_statement,
 )
 from compute.models import Device, Host, Lease, PlacementGroup, VirtualMachine
 from compute.scheduler import (
@@ -133,18 +135,35 @@ def _gpu_rows(devices):
     return gpus.values_list(*_GPU_COLUMNS).order_by()
 
 
-# ``_host_rows`` and ``_gpu_rows`` of one open host, compiled once (``controlplane.compiled``).
-# The view reads a host again after every release of a VM there, and the ORM would build
-# and compile their subqueries each time (about 3 ms, more than the database takes to answer).
-_ONE_HOST = Compiled(lambda pk: _host_rows(_open_hosts().filter(pk=pk)), int)
-_ONE_HOST_GPUS = Compiled(lambda pk: _gpu_rows(Device.objects.filter(host_id=pk)), int)
+def _one_host(pk: int):
+    """``_host_rows`` of open host ``pk`` and ``_gpu_rows`` of its GPUs in one read: the
+    host's row once for each of its GPUs (once, its GPU columns null, for a host without)."""
+    gpu = FilteredRelation(
+        "devices", condition=Q(devices__kind=DeviceKind.GPU, devices__present=True)
+    )
+    columns = [f"gpu__{name}" for name in _GPU_COLUMNS[1:]]
+    return (
+        _host_rows(_open_hosts().filter(pk=pk).annotate(gpu=gpu))
+        .values_list(*_HOST_COLUMNS, "vfs_free", *columns)
+        .order_by()
+    )
+
+
+# ``_one_host``, compiled once (``controlplane.compiled``). The view reads a host again after
+# every release of a VM there, and the ORM would build and compile its joins and subquery each
+# time (about 3 ms, more than the database takes to answer).
+_ONE_HOST = Compiled(_one_host, int)
+_HOST_WIDTH = len(_HOST_COLUMNS) + 1  # and its free VFs
 
 
 def _open_host_view(host_id: int) -> list[HostView]:
     """The view of host ``host_id`` if it is open to new requests (``_open_hosts``), as
-    ``_host_views(_open_hosts().filter(pk=host_id))`` makes it."""
+    ``_host_views(_open_hosts().filter(pk=host_id))`` makes it, in one read."""
     rows = _ONE_HOST.tuples(host_id)
-    return _views(rows, _ONE_HOST_GPUS.tuples(host_id)) if rows else []
+    if not rows:
+        return []
+    gpus = [(host_id, *row[_HOST_WIDTH:]) for row in rows if row[_HOST_WIDTH] is not None]
+    return _views([rows[0][:_HOST_WIDTH]], gpus)
 
 
 def _views(
@@ -309,19 +328,9 @@ _PENDING = {
 
 
 def _lock_statement(read: CompiledRead, pk) -> Prepared:
-    """The lock of VM ``pk`` (``read``: ``_PENDING``'s), as ``execute_prepared`` runs it,
-    its parameters named; its rows for ``read.built``."""
-    params = {f"p{i}": value for i, value in enumerate(read.bound((pk,)))}
-    return Prepared(_named(read.sql), params, savepoint="kumo_lock", prefix="kumo_lock_")
-
-
-@cache
-def _named(sql: str) -> str:
-    """``sql`` with its parameters named ``p0``, ``p1``, … in order."""
-    if "%%" in sql:
-        raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
-    parts = sql.split("%s")
-    return parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
+    """The lock of VM ``pk`` (``read``: ``_PENDING``'s), as ``execute_prepared`` runs it;
+    its rows for ``read.built``."""
+    return read_statement(read, (pk,), name="kumo_lock")
 
 
 def _first(objects: list):
@@ -403,12 +412,15 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
         admitted_if=guarantees.nothing_to_weigh(queued),
         skip_locked_vm=True,
     )
+    devices = devices_statement(queued.pk)
     with prepared.client_cursor(connection) as cursor:
-        rows, (answer,) = execute_prepared(cursor, _lock_statement(lock, queued.pk), claim)
+        rows, (answer,), held = execute_prepared(
+            cursor, _lock_statement(lock, queued.pk), claim, devices
+        )
     vm = _first(lock.built(rows))
     failure = claim_failure(answer, queued, chosen)
     if vm is not None and Queued.of(vm) == queued and failure is None:
-        claimed(vm, chosen, at=now)
+        claimed(vm, chosen, at=now, devices=DEVICES.read().built(held))
         _log_placed(vm, chosen)
         return vm, chosen
     claim_undo()
@@ -524,6 +536,10 @@ def place(vm: VirtualMachine) -> Placement:
     from compute import guarantees
 
     admitted_if = guarantees.nothing_to_weigh(vm)  # None: admitted once weighed (or spot)
+    weighed = False  # weighed in this transaction, and admitted
+    if admitted_if is not None and _weighs_lately(vm):
+        _raise_if_refused(vm, req)  # weighed first: a claim on nothing to weigh would fail
+        admitted_if, weighed = None, True
     borrows = vm.priority == Priority.SPOT and bool(vm.gpus)
     fresh = False
     for _attempt in range(CLAIM_ATTEMPTS):
@@ -537,10 +553,11 @@ def place(vm: VirtualMachine) -> Placement:
         if nothing is not None:
             if admitted_if is not None:  # weighed first: the refusal is the better reason
                 _raise_if_refused(vm, req)
-                admitted_if = None
+                admitted_if, weighed = None, True
             if fresh:
                 if borrows:
                     return _place_borrowing(vm, req, nothing)
+                nothing.admitted = weighed
                 raise nothing
             fresh = True  # the view may be stale: look once more on a fresh one
             continue
@@ -556,8 +573,9 @@ def place(vm: VirtualMachine) -> Placement:
             with view.lock:
                 view.forget(scheduler, placement, req, e)
             if isinstance(e, AdmissionToWeigh):
+                _WEIGHED[_weighing_key(vm)] = view_clock()
                 _raise_if_refused(vm, req)
-                admitted_if = None
+                admitted_if, weighed = None, True
                 continue
             log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
             if vm.placement_group_id is not None:
@@ -572,6 +590,27 @@ def place(vm: VirtualMachine) -> Placement:
         0,
         reason=f"lost {CLAIM_ATTEMPTS} placement races to concurrent requests; will retry",
     )
+
+
+#: When a claim of this process last found each kind of on-demand request
+#: (``_weighing_key``) with something to weigh, by the clock its view ages by.
+_WEIGHED: dict[tuple, float] = {}
+
+
+def _weighing_key(vm: VirtualMachine) -> tuple:
+    return (vm.project_id, bool(vm.gpus), vm.gpu_model)
+
+
+def _weighs_lately(vm: VirtualMachine) -> bool:
+    """Whether a claim of this process found the on-demand ``vm``'s kind of request (its
+    project, whether it asks for GPUs, their model) with something to weigh
+    (``AdmissionToWeigh``) no longer ago than the view lives (``KUMO_SCHEDULER_VIEW_TTL_S``):
+    guarantees and leases change far less often than requests come. ``place`` then weighs
+    the request before it claims, rather than claim on the condition that there is nothing
+    to weigh, a claim that would be undone. A hint, never a decision: the weighing reads
+    the database, and a claim on the condition finds out again once the hint is old."""
+    seen = _WEIGHED.get(_weighing_key(vm))
+    return seen is not None and view_clock() - seen <= settings.SCHEDULER_VIEW_TTL_S
 
 
 def _log_placed(vm: VirtualMachine, placement: Placement) -> None:

@@ -144,7 +144,11 @@ NO_ROOM = "no host has"
 
 class NoValidHost(Exception):
     """Nothing fits. ``reason`` is a sentence for the user; ``rejected`` counts, per filter,
-    the hosts it turned away."""
+    the hosts it turned away. ``admitted``: the on-demand request's admission was weighed
+    in the caller's transaction and took nothing from anyone's guarantee or lease
+    (``compute.placement.place`` says so): a preemption for it need not weigh it again."""
+
+    admitted = False
 
     def __init__(
         self,

@@ -24,7 +24,12 @@ _PORTS = Compiled(
 def vm_interfaces(vm) -> tuple[InterfaceWire, ...]:
     """A VM's NICs in order, with the static addresses its guest configures (the first
     subnet with a gateway gives the default route) and the resolvers and search domains of
-    its subnets (``network.dns.guest_dns``: by default the network's own resolver)."""
+    its subnets (``network.dns.guest_dns``: by default the network's own resolver). A VM
+    whose ports were read with it (prefetched) and that has none is answered without a
+    read."""
+    prefetched = getattr(vm, "_prefetched_objects_cache", {}).get("ports")
+    if prefetched is not None and not prefetched:
+        return ()
     ports = _PORTS.objects(vm.pk)
     if not ports:
         return ()

@@ -78,11 +78,17 @@ def vm_usage_wanted(vm, *, state: str | None = None) -> dict[tuple[str, str], tu
     return {key: value for key, value in wanted.items() if value[0] > 0}
 
 
-def vm_usage_sync(vm, at: datetime | None = None) -> int:
+def vm_usage_sync(vm, at: datetime | None = None, *, before: dict | None = None) -> int:
     """Make ``vm``'s open usage intervals match its state at ``at``; returns how many
     intervals it opened or closed (0 when they already matched). Call in the transaction
     that changed the state, after the change. An evicted VM stops paying at its eviction
-    time (``evicted_at``, set by ``compute.services.spot`` in the same transition)."""
+    time (``evicted_at``, set by ``compute.services.spot`` in the same transition).
+
+    ``before``: what the VM billed before the change (``vm_usage_wanted`` then). Every
+    change syncs the intervals in its transaction, so they matched it: a change that bills
+    the same (provisioning to running, a notice, a task begun) reads and writes nothing."""
+    if before is not None and vm_usage_wanted(vm) == before:
+        return 0
     at = at or timezone.now()
     if vm.state == "evicted" and getattr(vm, "evicted_at", None) is not None:
         at = vm.evicted_at

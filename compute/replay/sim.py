@@ -61,16 +61,6 @@ from controlplane.compiled import Compiled
 log = logging.getLogger(__name__)
 
 
-def _job_vm(vm_id):
-    from compute.models import VirtualMachine
-
-    return VirtualMachine.objects.select_related("project", "host").filter(pk=vm_id)
-
-
-#: A job's VM at its end, as ``vm_delete`` takes it.
-_JOB_VM = Compiled(_job_vm, uuid.UUID)
-
-
 def _notices():
     from compute.choices import VmState, VmTask
     from compute.models import VirtualMachine
@@ -113,7 +103,7 @@ class _Vm:
     working: bool = False
     host: str = ""
     stop_sent_at: float | None = None
-    guest: object = None  # the VM as its guest's checkpoint reports name it, made once
+    guest: object = None  # the VM as its guest and its owner name it (``Replay._guest``)
 
 
 @dataclass
@@ -547,20 +537,27 @@ class Replay:
         if run != vm.run or not vm.working:
             return  # evicted meanwhile
         self._work_stopped(vm)
-        compute.vm_delete(vm=_JOB_VM.objects(vm_id)[0])
+        compute.vm_delete(vm=self._guest(vm))  # which locks and reads it
 
     def _on_checkpoint(self, vm_id: str, run: int, n: int) -> None:
         """The guest saved its work and says so, as through the metadata endpoint."""
         from compute import services as compute
-        from compute.models import VirtualMachine
 
         vm = self.vms[vm_id]
         if run != vm.run or not vm.working:
             return  # stopped meanwhile: its next start counts from its last checkpoint
-        if vm.guest is None:
-            vm.guest = VirtualMachine(pk=vm_id, name=f"j{vm.job.index}")
-        compute.checkpoint_report(vm=vm.guest)
+        compute.checkpoint_report(vm=self._guest(vm))
         self._checkpoint_due(vm, n + 1)
+
+    @staticmethod
+    def _guest(vm: _Vm):
+        """The job's VM as its guest and its owner name it (its id), made once: what the
+        services it calls read and lock themselves."""
+        from compute.models import VirtualMachine
+
+        if vm.guest is None:
+            vm.guest = VirtualMachine(pk=uuid.UUID(vm.vm_id), name=f"j{vm.job.index}")
+        return vm.guest
 
     def _on_report(
         self, host: str, vm_id: str, generation: int, power: str, operation_id: str

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from compute import placement
 from compute.choices import DesiredPower, VmState, VmTask
-from compute.models import Device, VirtualMachine
+from compute.claims import DEVICES
+from compute.models import VirtualMachine
 from compute.protocol import VM_APPLY_TASK, DeviceWire, InterfaceWire, VmApply
 from compute.scheduler import NoValidHost
 from compute.services.images import image_fetch
@@ -161,13 +162,11 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
 
 
 def _devices(vm: VirtualMachine):
-    """``vm``'s devices: those read with it (``prefetch_related("devices")``), or read now."""
+    """``vm``'s devices: those read with it (``prefetch_related("devices")``, or by its
+    claim's round trip: ``compute.claims.claimed``), or read now (compiled once:
+    ``compute.claims.DEVICES``)."""
     prefetched = getattr(vm, "_prefetched_objects_cache", {}).get("devices")
-    return prefetched if prefetched is not None else _DEVICES.objects(vm.pk)
-
-
-# Every message to a host that builds a guest reads its devices: compiled once.
-_DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
+    return prefetched if prefetched is not None else DEVICES.objects(vm.pk)
 
 
 def send_apply(vm: VirtualMachine, *, operation_id: str = "") -> None:
@@ -246,6 +245,7 @@ def supersede_operations(vm: VirtualMachine, by: str) -> None:
             ok=False,
             error_code="superseded",
             error_message=f"the VM was deleted meanwhile ({by})",
+            project=vm.project,
         )
 
 
@@ -304,7 +304,8 @@ def guard(vm: VirtualMachine, action: str) -> None:
 def transition(vm: VirtualMachine, **changes) -> VirtualMachine:
     """Apply ``changes`` and bump the generation, if and only if nobody changed the VM since
     it was read: the second of two racing actions gets 409. The VM's usage intervals follow
-    its new state in the same transaction (``tenants.usage``), at the same instant."""
+    its new state in the same transaction (``tenants.usage``), at the same instant: read
+    and written only where what it bills changed."""
     now = timezone.now()
     updated = update_where(
         VirtualMachine,
@@ -319,10 +320,11 @@ def transition(vm: VirtualMachine, **changes) -> VirtualMachine:
             code="invalid_state",
             details={"state": [state]},
         )
+    billed = usage.vm_usage_wanted(vm)
     for name, value in changes.items():
         setattr(vm, name, value)
     vm.generation += 1
-    usage.vm_usage_sync(vm, at=now)
+    usage.vm_usage_sync(vm, at=now, before=billed)
     return vm
 
 

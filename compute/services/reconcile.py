@@ -13,6 +13,7 @@ convergence by one report interval; it never loses what a user asked for.
 
 import logging
 import uuid
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -162,6 +163,7 @@ def _finish_operation(operation_id: str, *, vm: VirtualMachine, ok: bool, error:
             result={"state": vm.state, "power_state": vm.power_state},
             error_code="" if ok else "host_error",
             error_message=error,
+            project=vm.project,
         )
 
 
@@ -233,8 +235,11 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         _finish_operation(operation_id, vm=vm, ok=False, error=error)
         return vm
     if vm.state == VmState.DELETING and power == ABSENT and generation >= vm.generation:
-        vm_finish_delete(vm)
-        _finish_operation(operation_id, vm=vm, ok=True)
+        # A victim's deletion may hand its host over, which takes savepoints: its records
+        # are written as they are made. Any other's and its finished operation's, in one.
+        with audit.batched() if vm.evicted_for_id is None else nullcontext():
+            vm_finish_delete(vm)
+            _finish_operation(operation_id, vm=vm, ok=True)
         return vm
     if vm.state == VmState.SHELVING and power == ABSENT and generation >= vm.generation:
         shelve.vm_finish_shelve(vm)
@@ -244,24 +249,28 @@ def vm_observed(*, host: str, payload: dict, sent_at: datetime) -> VirtualMachin
         return vm
     changes = _settle(vm, generation, power, now)
     update_where(VirtualMachine, {"pk": vm.pk}, {**changes, "updated_at": now})
-    previous = vm.state
+    previous, billed = vm.state, usage.vm_usage_wanted(vm)
     for k, v in changes.items():
         setattr(vm, k, v)
     if vm.state != previous:
-        usage.vm_usage_sync(vm, at=now)
-        audit.record(
-            "vm.state",
-            vm,
-            project=vm.project,
-            detail={"from": previous, "to": vm.state, "generation": generation},
-        )
+        usage.vm_usage_sync(vm, at=now, before=billed)
     evicting = vm.state == VmState.EVICTING and spot.shut_off(vm)
-    if evicting and str(vm.pk) in spot.evictions_hand_over(host_row):
-        vm.refresh_from_db()
-        _finish_operation(operation_id, vm=vm, ok=True)
-        return vm
-    if generation >= vm.generation and not vm.task_state and vm.state != VmState.PROVISIONING:
-        _finish_operation(operation_id, vm=vm, ok=True)
+    # Without a hand-over (which takes savepoints, so its records are written as they are
+    # made), the record of the move and that of the finished operation are one INSERT.
+    with audit.batched() if not evicting else nullcontext():
+        if vm.state != previous:
+            audit.record(
+                "vm.state",
+                vm,
+                project=vm.project,
+                detail={"from": previous, "to": vm.state, "generation": generation},
+            )
+        if evicting and str(vm.pk) in spot.evictions_hand_over(host_row):
+            vm.refresh_from_db()
+            _finish_operation(operation_id, vm=vm, ok=True)
+            return vm
+        if generation >= vm.generation and not vm.task_state and vm.state != VmState.PROVISIONING:
+            _finish_operation(operation_id, vm=vm, ok=True)
     return vm
 
 
@@ -340,12 +349,12 @@ def _reconcile_guests(*, host: str, reported: dict, sent_at: datetime) -> dict:
         if guest is not None:
             changes = _settle(vm, guest["generation"], guest["power"], now)
             changes.update(reclaim.cpu_observed(vm, guest.get("cpu_time_ns"), now))
-            previous = vm.state
+            previous, billed = vm.state, usage.vm_usage_wanted(vm)
             update_where(VirtualMachine, {"pk": vm.pk}, {**changes, "updated_at": now})
             for k, v in changes.items():
                 setattr(vm, k, v)
             if vm.state != previous:
-                usage.vm_usage_sync(vm, at=now)
+                usage.vm_usage_sync(vm, at=now, before=billed)
                 done["settled"].append(vm_id)
                 if not vm.task_state:
                     _finish_operation(current_operation(vm), vm=vm, ok=True)

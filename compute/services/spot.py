@@ -439,17 +439,22 @@ def _choose(hosts, candidates, req) -> Preemption | None:
 # --- notices --------------------------------------------------------------------------------
 
 
-def preempt_for(vm: VirtualMachine) -> Preemption | None:
+def preempt_for(vm: VirtualMachine, *, admitted: bool = False) -> Preemption | None:
     """Give eviction notices to the spot VMs whose removal makes room for the on-demand
     ``vm`` (pending, placement having found nothing), in the caller's transaction; returns
     the decision, or ``None`` when no eviction helps. A victim that changed meanwhile (the
     index was stale) makes it read that host again and decide again, ``DECIDE_ATTEMPTS``
-    times in all; then the periodic placement tries again."""
+    times in all; then the periodic placement tries again.
+
+    ``admitted``: the caller's placement weighed ``vm``'s admission in this transaction
+    and admitted it (``NoValidHost.admitted``); the locks that weighing took are held to
+    its end, so it is not weighed again."""
     if vm.priority != Priority.ON_DEMAND or vm.state != VmState.PENDING or vm.reserved_host_id:
         return None
     from compute import guarantees
 
-    if guarantees.admission_refusal(vm):  # (never for a VM in a lease: its GPUs are its own)
+    # (never refused for a VM in a lease: its GPUs are its own)
+    if not admitted and guarantees.admission_refusal(vm):
         return None  # it may not take the capacity it would free: it waits
     for _attempt in range(DECIDE_ATTEMPTS):
         decision = _decide_leaving_hosts_whole(vm)

@@ -162,13 +162,18 @@ def vm_create(
     except NoValidHost as e:
         if not wait_for_capacity:
             raise Conflict(e.reason, code="no_capacity", details={"capacity": [e.reason]}) from e
-        vm.state_reason = e.reason[:500]
-        vm.save(update_fields=["state_reason", "updated_at"])
+        vm.state_reason, vm.updated_at = e.reason[:500], timezone.now()
+        update_where(
+            VirtualMachine,
+            {"pk": vm.pk},
+            {"state_reason": vm.state_reason, "updated_at": vm.updated_at},
+        )
         log.info("vm %s pending: %s", vm.pk, e.reason)
         if priority == Priority.ON_DEMAND:
             from compute.services import spot
 
-            spot.preempt_for(vm)  # room held by spot VMs: notices now, placed after
+            # room held by spot VMs: notices now, placed after
+            spot.preempt_for(vm, admitted=e.admitted)
     if vm.host_id is not None:
         # Its GPUs, read once: for its host's work (below) and for the caller's answer.
         prefetch_related_objects([vm], "devices")
@@ -303,7 +308,7 @@ def vm_schedule_pending(*, limit: int = 100) -> int:
                     if vm.priority == Priority.ON_DEMAND:
                         from compute.services import spot
 
-                        spot.preempt_for(vm)
+                        spot.preempt_for(vm, admitted=e.admitted)
                     continue
                 audit.record("vm.schedule", vm, project=vm.project, detail={"host": vm.host.name})
                 send_apply(vm, operation_id=current_operation(vm))
@@ -541,11 +546,14 @@ def vm_delete(*, vm: VirtualMachine, actor=None) -> tuple[VirtualMachine, Operat
                 ok=False,
                 error_code="deleted",
                 error_message="the VM was deleted before it was placed",
+                project=vm.project,
             )
         supersede_operations(vm, by="deleted before it was placed")
         operation = open_operation(vm, "vm.delete", actor)
         audit.record("vm.delete", vm, project=vm.project, detail={"operation": str(operation.pk)})
-        operation_finish(operation_id=operation.pk, ok=True, result={"state": vm.state})
+        operation_finish(
+            operation_id=operation.pk, ok=True, result={"state": vm.state}, project=vm.project
+        )
         operation.refresh_from_db()
         return vm, operation
     supersede_operations(vm, by="deleted by a delete request")

@@ -10,7 +10,7 @@ from django.db import transaction
 from compute import placement
 from compute.models import Host, VirtualMachine
 from controlplane import audit
-from controlplane.compiled import Compiled
+from controlplane.compiled import Compiled, prefetched
 from controlplane.errors import Conflict, InvalidInput
 from network import allocation
 from network.choices import NetworkKind, PortBinding
@@ -173,8 +173,11 @@ _VM_PORTS = Compiled(lambda vm_id: Port.objects.filter(vm_id=vm_id), UUID)
 
 def ports_bind(vm: VirtualMachine) -> None:
     """Bind ``vm``'s ports to the host it was just placed on (inside the placing
-    transaction)."""
+    transaction). They are left as ``vm.ports`` holds them prefetched, so the message to its
+    host that follows the placement knows a VM without ports from them
+    (``network.selectors.vm_interfaces``)."""
     ports = _VM_PORTS.objects(vm.pk)
+    prefetched(vm, "ports", ports)
     for port in ports:
         port.host_id = vm.host_id
         _bind(port)

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import close_old_connections, connection
 
-from compute import guarantees, services
+from compute import guarantees, placement, services
 from compute.choices import HostState, Priority, VmState
 from compute.models import CapacityGuarantee, Device, VirtualMachine
 from controlplane.errors import Conflict
@@ -184,3 +184,46 @@ def test_concurrent_on_demand_requests_never_take_the_headroom():
     taken = Device.objects.filter(vm__isnull=False, vm__priority=Priority.ON_DEMAND).count()
     assert taken == 8
     assert VirtualMachine.objects.filter(state=VmState.PROVISIONING).count() == 4
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_request_known_to_have_something_to_weigh_is_weighed_before_its_claim(sent):
+    """Once this process found another project's guarantee in the way of an on-demand
+    request (its claim on nothing to weigh was undone), the next one of its kind is weighed
+    first and claimed once; one that finds no room and evicts spot VMs for it is weighed
+    once in all, not again by its preemption. Either way the guarantee holds."""
+    from django.test.utils import CaptureQueriesContext
+
+    make_host("gpu-a")
+    make_host("gpu-b")
+    guaranteed, other = roomy_project(), roomy_project()
+    services.guarantee_set(project=guaranteed, min_gpus=8, gpu_model=MODEL)
+    t2, t8 = make_template(gpus=2), make_template(gpus=8, eviction_notice_s=45)
+    placement._WEIGHED.clear()
+    with CaptureQueriesContext(connection) as first:
+        assert make_vm(other, template=t2).state == VmState.PROVISIONING
+    with CaptureQueriesContext(connection) as second:
+        assert make_vm(other, template=t2).state == VmState.PROVISIONING
+
+    def undone(queries):
+        return [q for q in queries if "ROLLBACK TO SAVEPOINT kumo_claim" in q["sql"]]
+
+    assert undone(first) and not undone(second)
+    locks = [q for q in second if "pg_advisory_xact_lock" in q["sql"]]
+    assert len(locks) == 1
+
+    # A third node, spot VMs on the two left, and the other project's 8-GPU request: it
+    # is admitted (the headroom stays whole) but finds no room, and evicts a spot VM.
+    make_host("gpu-c")
+    borrowers = [make_vm(other, template=t8, priority=Priority.SPOT) for _ in range(2)]
+    for borrower in borrowers:
+        assert borrower.state == VmState.PROVISIONING
+        report(fresh(borrower), "running")
+    with CaptureQueriesContext(connection) as preempting:
+        waiting = make_vm(other, template=t8)
+    assert waiting.state == VmState.PENDING
+    assert waiting.reserved_host_id in {b.host_id for b in borrowers}
+    assert "EVICTING" in {fresh(b).state.upper() for b in borrowers}
+    weighed = [q for q in preempting if "pg_advisory_xact_lock" in q["sql"]]
+    assert len(weighed) == 1  # by its placement; its preemption took that word for it

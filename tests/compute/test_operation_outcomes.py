@@ -123,3 +123,47 @@ def test_a_report_finishes_its_operation_without_a_savepoint(project, sent):
         _observed(vm, "shutoff", str(stop.pk))
     stop.refresh_from_db()
     assert stop.state != "succeeded" and fresh(vm).state == VmState.RUNNING
+
+
+def test_a_boot_report_reads_no_bill_and_writes_its_records_in_one_statement(project, sent):
+    """A guest seen running moves its VM from provisioning to running, which bills what it
+    billed: its usage intervals are neither read nor written. Its operation is finished and
+    read back by one UPDATE, and the VM's record and the operation's are one INSERT; both
+    name the project. A deletion's report likewise writes its two records at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.models import AuditEvent
+    from tenants.models import UsageRecord
+
+    make_host()
+    vm, create = _create(project)
+    intervals = UsageRecord.objects.filter(subject_id=str(vm.pk)).values_list("pk", "ended_at")
+    billed = list(intervals)
+    with CaptureQueriesContext(connection) as queries:
+        _observed(vm, "running", str(create.pk))
+    sql = [q["sql"] for q in queries]
+    assert not [s for s in sql if "tenants_usagerecord" in s]
+    assert len([s for s in sql if "controlplane_operation" in s]) == 1
+    assert len([s for s in sql if s.startswith('INSERT INTO "controlplane_auditevent"')]) == 1
+    assert list(intervals.all()) == billed
+    create.refresh_from_db()
+    assert create.state == "succeeded" and fresh(vm).state == VmState.RUNNING
+    records = AuditEvent.objects.filter(object_id__in=[str(vm.pk), str(create.pk)]).order_by("pk")
+    assert [(r.action, r.project_slug) for r in records][-2:] == [
+        ("vm.state", project.slug),
+        ("vm.create.finish", project.slug),
+    ]
+
+    vm, delete = services.vm_delete(vm=fresh(vm))
+    with CaptureQueriesContext(connection) as queries:
+        _observed(vm, "absent", str(delete.pk))
+    inserts = [q for q in queries if q["sql"].startswith('INSERT INTO "controlplane_auditevent"')]
+    assert len(inserts) == 1
+    assert fresh(vm).state == VmState.DELETED
+    assert list(
+        AuditEvent.objects.filter(object_id__in=[str(vm.pk), str(delete.pk)])
+        .order_by("-pk")
+        .values_list("action", flat=True)[:2]
+    ) == ["vm.delete.finish", "vm.deleted"]
+    assert not UsageRecord.objects.filter(subject_id=str(vm.pk), ended_at__isnull=True).exists()

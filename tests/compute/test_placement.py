@@ -17,7 +17,7 @@ from compute.models import Device, Host, VirtualMachine
 from compute.scheduler import NoValidHost
 from tenants import services as tenants
 from tenants.models import UsageRecord
-from tests.factories import make_host, make_project, make_template, make_vm
+from tests.factories import make_host, make_image, make_project, make_template, make_vm
 from tests.pg import second_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -381,3 +381,28 @@ def _prepared_by_psycopg() -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE %s", ["_pg3_%"])
         return {name for (name,) in cursor.fetchall()}
+
+
+@pytest.mark.django_db
+def test_a_placed_vm_names_its_host_without_reading_it_and_reads_no_ports_it_lacks(
+    project, sent, django_assert_num_queries
+):
+    """The claim leaves a VM its host as the decision named it (its name, what its host's
+    work and its records say; any other field is read when asked for), and a VM created
+    without NICs sends its host its work without reading its ports twice."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    host = make_host("gpu-a")
+    with CaptureQueriesContext(connection) as queries:
+        vm, _ = services.vm_create(
+            project=project, name="named", template=make_template(gpus=1), image=make_image()
+        )
+    assert vm.host_id == host.pk
+    with django_assert_num_queries(0):
+        assert vm.host.name == "gpu-a"
+    with django_assert_num_queries(1):
+        assert vm.host.state == host.state  # not read with it: read now
+    assert len([q for q in queries if 'FROM "network_port"' in q["sql"]]) == 1
+    (message,) = [m for m in sent if m[1] == "kumo.host.compute.vm_apply"]
+    assert message[0] == "host.gpu-a" and not message[2]["interfaces"]
