@@ -47,7 +47,7 @@ from compute.choices import HostState, LeaseState, VmState
 from compute.models import Device, Host, Lease, VirtualMachine
 from compute.scheduler import Placement, Request
 from controlplane import prepared
-from controlplane.compiled import Compiled, prefetched
+from controlplane.compiled import Compiled
 from tenants import usage
 
 _CLAIM = f"""
@@ -156,12 +156,12 @@ def claim_write(
             vm, placement, req, at=now, admitted_if=admitted_if, borrow=borrow
         )
         with prepared.client_cursor(connection) as cursor:
-            (answer,), devices = execute_prepared(cursor, statement, devices_statement(vm.pk))
+            ((answer,),) = execute_prepared(cursor, statement)
         failure = claim_failure(answer, vm, placement)
         if failure is not None:
             claim_undo()
             raise failure
-        claimed(vm, placement, at=now, devices=DEVICES.read().built(devices))
+        claimed(vm, placement, at=now)
     else:
         if admitted_if is not None:
             with connection.cursor() as cursor:
@@ -186,18 +186,11 @@ def _changes(vm, placement: Placement) -> dict:
 _HOST_FIELD = VirtualMachine._meta.get_field("host")
 
 
-def claimed(
-    vm: VirtualMachine, placement: Placement, *, at: datetime, devices: list | None = None
-) -> None:
+def claimed(vm: VirtualMachine, placement: Placement, *, at: datetime) -> None:
     """Update ``vm`` in place as its claim of ``placement``, written at ``at``, left its row
     (so an answer may be made from it without reading it again). Its host is the one the
     decision named, as ``Host.objects.only("id", "name")`` reads it: what its host's work
-    and its audit record name, with any other field read when it is asked for. ``devices``:
-    its devices as the claim's round trip read them after it (``devices_statement``), left
-    as ``prefetch_related("devices")`` leaves them; not for a VM with RDMA NICs, whose
-    ports take their virtual functions once they bind, after the claim."""
-    if devices is not None and not vm.rdma_vfs:
-        prefetched(vm, "devices", devices)
+    and its audit record name, with any other field read when it is asked for."""
     for name, value in _changes(vm, placement).items():
         setattr(vm, name, value)
     vm.updated_at = at
@@ -241,14 +234,8 @@ def _named(sql: str, name: str) -> str:
 
 
 #: A VM's devices, as its host's work names them (``compute.services.lifecycle``): compiled
-#: once, and read in a claim's own round trip once the claim is written (``claimed``).
+#: once.
 DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
-
-
-def devices_statement(vm_id) -> Prepared:
-    """The read of ``DEVICES`` of VM ``vm_id``, to run after its claim in the same round
-    trip (``execute_prepared``)."""
-    return read_statement(DEVICES.read(), (vm_id,), name="kumo_devices")
 
 
 def claim_statement(

@@ -41,7 +41,6 @@ from django.utils import timezone
 from compute import leases
 from compute.choices import DeviceKind, HostState, LeaseState, Priority, VmState
 from compute.claims import (
-    DEVICES,
     AdmissionToWeigh,
     ClaimConflict,
     Prepared,
@@ -51,7 +50,6 @@ from compute.claims import (
     claim_write,
     claimed,
     devices_give,
-    devices_statement,
     execute_prepared,
     read_statement,
 )
@@ -412,15 +410,12 @@ def pending_claimed(queued: Queued) -> tuple[VirtualMachine | None, Placement | 
         admitted_if=guarantees.nothing_to_weigh(queued),
         skip_locked_vm=True,
     )
-    devices = devices_statement(queued.pk)
     with prepared.client_cursor(connection) as cursor:
-        rows, (answer,), held = execute_prepared(
-            cursor, _lock_statement(lock, queued.pk), claim, devices
-        )
+        rows, (answer,) = execute_prepared(cursor, _lock_statement(lock, queued.pk), claim)
     vm = _first(lock.built(rows))
     failure = claim_failure(answer, queued, chosen)
     if vm is not None and Queued.of(vm) == queued and failure is None:
-        claimed(vm, chosen, at=now, devices=DEVICES.read().built(held))
+        claimed(vm, chosen, at=now)
         _log_placed(vm, chosen)
         return vm, chosen
     claim_undo()

@@ -162,9 +162,8 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
 
 
 def _devices(vm: VirtualMachine):
-    """``vm``'s devices: those read with it (``prefetch_related("devices")``, or by its
-    claim's round trip: ``compute.claims.claimed``), or read now (compiled once:
-    ``compute.claims.DEVICES``)."""
+    """``vm``'s devices: those read with it (``prefetch_related("devices")``), or read now
+    (compiled once: ``compute.claims.DEVICES``)."""
     prefetched = getattr(vm, "_prefetched_objects_cache", {}).get("devices")
     return prefetched if prefetched is not None else DEVICES.objects(vm.pk)
 
