@@ -47,7 +47,6 @@ from compute.choices import HostState, LeaseState, VmState
 from compute.models import Device, Host, Lease, VirtualMachine
 from compute.scheduler import Placement, Request
 from controlplane import prepared
-from controlplane.compiled import Compiled
 from tenants import usage
 
 _CLAIM = f"""
@@ -214,28 +213,6 @@ class Prepared(NamedTuple):
     each: tuple[str, ...] = ()
     preparing: Callable[[str, str], tuple[str, ...]] = lambda prepare, execute: (prepare,)
     after: tuple[str, ...] = ()
-
-
-def read_statement(read, values: tuple, *, name: str) -> Prepared:
-    """Compiled read ``read`` (``controlplane.compiled``) of ``values``, as
-    ``execute_prepared`` runs it, in savepoint ``name``, its parameters named after it;
-    its rows for ``read.built``."""
-    params = {f"{name}_{i}": value for i, value in enumerate(read.bound(values))}
-    return Prepared(_named(read.sql, name), params, savepoint=name, prefix=f"{name}_")
-
-
-@lru_cache(maxsize=64)
-def _named(sql: str, name: str) -> str:
-    """``sql`` with its parameters named ``<name>_0``, ``<name>_1``, … in order."""
-    if "%%" in sql:
-        raise AssertionError(f"a read with a literal % cannot be prepared here: {sql}")
-    parts = sql.split("%s")
-    return parts[0] + "".join(f"%({name}_{i})s{part}" for i, part in enumerate(parts[1:]))
-
-
-#: A VM's devices, as its host's work names them (``compute.services.lifecycle``): compiled
-#: once.
-DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
 
 
 def claim_statement(

@@ -30,6 +30,7 @@ import random
 import threading
 import time
 from collections import Counter
+from functools import cache
 from typing import NamedTuple
 from uuid import UUID
 
@@ -51,7 +52,6 @@ from compute.claims import (
     claimed,
     devices_give,
     execute_prepared,
-    read_statement,
 )
 from compute.models import Device, Host, Lease, PlacementGroup, VirtualMachine
 from compute.scheduler import (
@@ -326,9 +326,19 @@ _PENDING = {
 
 
 def _lock_statement(read: CompiledRead, pk) -> Prepared:
-    """The lock of VM ``pk`` (``read``: ``_PENDING``'s), as ``execute_prepared`` runs it;
-    its rows for ``read.built``."""
-    return read_statement(read, (pk,), name="kumo_lock")
+    """The lock of VM ``pk`` (``read``: ``_PENDING``'s), as ``execute_prepared`` runs it,
+    its parameters named; its rows for ``read.built``."""
+    params = {f"p{i}": value for i, value in enumerate(read.bound((pk,)))}
+    return Prepared(_named(read.sql), params, savepoint="kumo_lock", prefix="kumo_lock_")
+
+
+@cache
+def _named(sql: str) -> str:
+    """``sql`` with its parameters named ``p0``, ``p1``, … in order."""
+    if "%%" in sql:
+        raise AssertionError(f"the pending VM query cannot be prepared: {sql}")
+    parts = sql.split("%s")
+    return parts[0] + "".join(f"%(p{i})s{part}" for i, part in enumerate(parts[1:]))
 
 
 def _first(objects: list):

@@ -16,8 +16,7 @@ from django.utils import timezone
 
 from compute import placement
 from compute.choices import DesiredPower, VmState, VmTask
-from compute.claims import DEVICES
-from compute.models import VirtualMachine
+from compute.models import Device, VirtualMachine
 from compute.protocol import VM_APPLY_TASK, DeviceWire, InterfaceWire, VmApply
 from compute.scheduler import NoValidHost
 from compute.services.images import image_fetch
@@ -162,10 +161,13 @@ def apply_message(vm: VirtualMachine, *, operation_id: str = "") -> VmApply:
 
 
 def _devices(vm: VirtualMachine):
-    """``vm``'s devices: those read with it (``prefetch_related("devices")``), or read now
-    (compiled once: ``compute.claims.DEVICES``)."""
+    """``vm``'s devices: those read with it (``prefetch_related("devices")``), or read now."""
     prefetched = getattr(vm, "_prefetched_objects_cache", {}).get("devices")
-    return prefetched if prefetched is not None else DEVICES.objects(vm.pk)
+    return prefetched if prefetched is not None else _DEVICES.objects(vm.pk)
+
+
+# Every message to a host that builds a guest reads its devices: compiled once.
+_DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
 
 
 def send_apply(vm: VirtualMachine, *, operation_id: str = "") -> None:
