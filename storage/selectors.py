@@ -31,7 +31,11 @@ _MOUNTED = Compiled(
 
 
 def vm_volumes(vm) -> tuple[VolumeWire, ...]:
-    """The volumes attached to ``vm``, in device order."""
+    """The volumes attached to ``vm``, in device order; none, without a read, for a VM
+    whose volumes are held prefetched and are none (one made in this transaction)."""
+    held = getattr(vm, "_prefetched_objects_cache", {}).get("volumes")
+    if held is not None and not held:
+        return ()
     return tuple(
         VolumeWire(
             volume_id=str(v.pk),

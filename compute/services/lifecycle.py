@@ -22,7 +22,7 @@ from compute.scheduler import NoValidHost
 from compute.services.images import image_fetch
 from controlplane import agents
 from controlplane.choices import OperationState
-from controlplane.compiled import Compiled, refresh_from, update_where
+from controlplane.compiled import Compiled, prefetched, refresh_from, update_where
 from controlplane.errors import Conflict
 from controlplane.models import Operation
 from controlplane.services import DEADLINE_EXCEEDED, operation_create, operation_finish
@@ -166,6 +166,13 @@ def _devices(vm: VirtualMachine):
     return prefetched if prefetched is not None else _DEVICES.objects(vm.pk)
 
 
+def read_devices(vm: VirtualMachine) -> None:
+    """Read ``vm``'s devices now, as ``prefetch_related_objects([vm], "devices")`` would
+    (``vm.devices.all()`` answers them, ``_devices`` reads nothing more), in the compiled
+    read below: a placed VM's host is told its devices and its caller answered them."""
+    prefetched(vm, "devices", _DEVICES.objects(vm.pk))
+
+
 # Every message to a host that builds a guest reads its devices: compiled once.
 _DEVICES = Compiled(lambda vm_id: Device.objects.filter(vm_id=vm_id), UUID)
 
@@ -236,11 +243,7 @@ def supersede_operations(vm: VirtualMachine, by: str) -> None:
     """Finish every open operation on ``vm`` at once, failed as ``superseded``: the VM is
     being deleted, so nothing they asked for will happen (a create whose VM never launched,
     a start or stop overtaken by the delete)."""
-    for op_id in (
-        vm_operations(vm)
-        .filter(state__in=[OperationState.PENDING, OperationState.RUNNING])
-        .values_list("pk", flat=True)
-    ):
+    for (op_id,) in _OPEN_OPERATIONS.tuples(str(vm.pk)):
         operation_finish(
             operation_id=op_id,
             ok=False,
@@ -248,6 +251,17 @@ def supersede_operations(vm: VirtualMachine, by: str) -> None:
             error_message=f"the VM was deleted meanwhile ({by})",
             project=vm.project,
         )
+
+
+# ``supersede_operations``'s read: every deletion makes it (compiled once).
+_OPEN_OPERATIONS = Compiled(
+    lambda target_id: Operation.objects.filter(
+        state__in=[OperationState.PENDING, OperationState.RUNNING],
+        target_type=VM_TARGET,
+        target_id=target_id,
+    ).values_list("pk"),
+    str,
+)
 
 
 def require_active(project: Project) -> None:

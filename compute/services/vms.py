@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 
 from django.db import transaction
-from django.db.models import prefetch_related_objects
+from django.db.models import Exists
 from django.utils import timezone
 
 from compute import placement
@@ -39,13 +39,14 @@ from compute.services.lifecycle import (
     lock,
     open_operation,
     place,
+    read_devices,
     require_active,
     send_apply,
     supersede_operations,
     transition,
 )
 from controlplane import agents, audit
-from controlplane.compiled import Compiled, insert, update_where, value_kind
+from controlplane.compiled import Compiled, insert, prefetched, update_where, value_kind
 from controlplane.errors import Conflict, InvalidInput
 from controlplane.models import Operation
 from controlplane.services import operation_create, operation_finish
@@ -58,19 +59,23 @@ log = logging.getLogger(__name__)
 # --- create ---------------------------------------------------------------------------------
 
 
-# ``vm_create``'s checks of the image and the name, compiled once: every create makes them.
-_IMAGE_USABLE = Compiled(
-    lambda project_id, pk: Image.objects.usable_by(project_id).filter(pk=pk).values_list("pk")[:1],
-    int,
-    int,
-)
-_NAME_TAKEN = Compiled(
-    lambda project_id, name: (
-        VirtualMachine.objects.for_project(project_id)
-        .filter(name=name)
-        .exclude(state=VmState.DELETED)
-        .values_list("pk")[:1]
+# ``vm_create``'s checks of the image and the name, in one read compiled once: every create
+# makes them. A row when the image is usable by the project, saying whether a VM of the
+# project (not deleted) has the name.
+_IMAGE_AND_NAME = Compiled(
+    lambda project_id, pk, name: (
+        Image.objects.usable_by(project_id)
+        .filter(pk=pk)
+        .annotate(
+            taken=Exists(
+                VirtualMachine.objects.for_project(project_id)
+                .filter(name=name)
+                .exclude(state=VmState.DELETED)
+            )
+        )
+        .values_list("taken")[:1]
     ),
+    int,
     int,
     str,
 )
@@ -110,7 +115,8 @@ def vm_create(
     require_active(project)
     if not template.active:
         raise InvalidInput.field("template", f"template {template.name} is withdrawn")
-    if not _IMAGE_USABLE.tuples(project.pk, image.pk):
+    image_and_name = _IMAGE_AND_NAME.tuples(project.pk, image.pk, name)
+    if not image_and_name:
         raise InvalidInput.field("image", "no such image for this project")
     if placement_group is not None and placement_group.project_id != project.pk:
         raise InvalidInput.field("placement_group", "no such placement group in this project")
@@ -125,7 +131,7 @@ def vm_create(
         raise InvalidInput.field(
             "template", f"image {image.name} needs {image.min_memory_gib} GiB of memory or more"
         )
-    if _NAME_TAKEN.tuples(project.pk, name):
+    if image_and_name[0][0]:  # the name is taken
         raise Conflict(
             f"a VM named {name} exists in project {project.slug}", details={"name": ["taken"]}
         )
@@ -156,6 +162,11 @@ def vm_create(
     )
     insert(vm)  # its INSERT built once (``controlplane.compiled.insert``)
     _create_ports(vm, nics)
+    # Made just now: it has no volume, and no port unless it has NICs. Held as read, so
+    # the placement's binding and its host's message read neither.
+    prefetched(vm, "volumes", [])
+    if not nics:
+        prefetched(vm, "ports", [])
     operation = open_operation(vm, "vm.create", actor)
     try:
         place(vm)
@@ -176,7 +187,7 @@ def vm_create(
             spot.preempt_for(vm, admitted=e.admitted)
     if vm.host_id is not None:
         # Its GPUs, read once: for its host's work (below) and for the caller's answer.
-        prefetch_related_objects([vm], "devices")
+        read_devices(vm)
     audit.record(
         "vm.create",
         vm,

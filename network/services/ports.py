@@ -175,8 +175,11 @@ def ports_bind(vm: VirtualMachine) -> None:
     """Bind ``vm``'s ports to the host it was just placed on (inside the placing
     transaction). They are left as ``vm.ports`` holds them prefetched, so the message to its
     host that follows the placement knows a VM without ports from them
-    (``network.selectors.vm_interfaces``)."""
-    ports = _VM_PORTS.objects(vm.pk)
+    (``network.selectors.vm_interfaces``). Ports held prefetched already (a VM made in this
+    transaction without NICs has none: ``compute.services.vms.vm_create``) are not read
+    again."""
+    held = getattr(vm, "_prefetched_objects_cache", {}).get("ports")
+    ports = list(held) if held is not None else _VM_PORTS.objects(vm.pk)
     prefetched(vm, "ports", ports)
     for port in ports:
         port.host_id = vm.host_id

@@ -389,7 +389,8 @@ def test_a_placed_vm_names_its_host_without_reading_it_and_reads_no_ports_it_lac
 ):
     """The claim leaves a VM its host as the decision named it (its name, what its host's
     work and its records say; any other field is read when asked for), and a VM created
-    without NICs sends its host its work without reading its ports twice."""
+    without NICs sends its host its work without reading ports or volumes it cannot have
+    (made in the same transaction, it has none)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -403,6 +404,8 @@ def test_a_placed_vm_names_its_host_without_reading_it_and_reads_no_ports_it_lac
         assert vm.host.name == "gpu-a"
     with django_assert_num_queries(1):
         assert vm.host.state == host.state  # not read with it: read now
-    assert len([q for q in queries if 'FROM "network_port"' in q["sql"]]) == 1
+    assert not [q for q in queries if 'FROM "network_port"' in q["sql"]]
+    assert not [q for q in queries if 'FROM "storage_volume"' in q["sql"]]
     (message,) = [m for m in sent if m[1] == "kumo.host.compute.vm_apply"]
     assert message[0] == "host.gpu-a" and not message[2]["interfaces"]
+    assert not message[2]["volumes"]
