@@ -102,6 +102,9 @@ _GPU_MINIMUMS = Compiled(
     ),
     str,
 )
+_VCPU_MINIMUMS = Compiled(
+    lambda: CapacityGuarantee.objects.filter(min_vcpus__gt=0).values_list("project_id", "min_vcpus")
+)
 _ON_DEMAND_GPUS = Compiled(
     lambda model, vm_id: _on_demand_rows("gpus", Q(gpu_model=model, gpus__gt=0), vm_id), str, UUID
 )
@@ -203,13 +206,16 @@ def _headroom(guarantees, used: dict[int, int], project_id: int | None) -> int:
     )
 
 
-def admission_refusal(vm: VirtualMachine) -> str:
+def admission_refusal(vm: VirtualMachine, *, to_weigh: bool = False) -> str:
     """Why ``vm`` (an on-demand request) may not take capacity now: other projects'
     guaranteed headroom would be taken; empty when it may. Spot VMs are always admitted
-    (they only ever borrow the headroom)."""
+    (they only ever borrow the headroom). ``to_weigh``: the caller knows, or has reason to
+    think, that there is something to weigh (a claim just said so), and the question
+    whether there is (``_anything_to_check``, which only saves the reads below when there
+    is not) is not asked; the answer is the same."""
     if vm.priority != Priority.ON_DEMAND or vm.lease_id is not None:
         return ""  # a VM in a lease runs on the lease's own GPUs
-    if not _anything_to_check(vm):
+    if not to_weigh and not _anything_to_check(vm):
         return ""
     if vm.gpus:
         guarantees = _GPU_MINIMUMS.tuples(vm.gpu_model)
@@ -228,9 +234,7 @@ def admission_refusal(vm: VirtualMachine) -> str:
                 return (
                     f"the free {vm.gpu_model} GPUs are {' and '.join(held)}; waiting for capacity"
                 )
-    guarantees = list(
-        CapacityGuarantee.objects.filter(min_vcpus__gt=0).values_list("project_id", "min_vcpus")
-    )
+    guarantees = _VCPU_MINIMUMS.tuples()
     if guarantees and any(pid != vm.project_id for pid, _ in guarantees):
         _advisory_lock("kumo.guarantee.vcpu")
         used = _on_demand_use("vcpus", Q(), exclude=vm)
@@ -327,12 +331,21 @@ def peak(intervals, start, end=None) -> int:
 
 
 def lease_intervals(model: str, start, end=None, *, exclude=None) -> list[tuple]:
+    if end is None and exclude is None:
+        return _LEASES_FROM.tuples(model, start)  # every admission weighed asks it
+    return list(_lease_rows(model, start, end, exclude))
+
+
+def _lease_rows(model: str, start, end=None, exclude=None):
     rows = Lease.objects.filter(gpu_model=model, state__in=leases.HOLDING, ends_at__gt=start)
     if end is not None:
         rows = rows.filter(starts_at__lt=end)
     if exclude is not None:
         rows = rows.exclude(pk=exclude.pk)
-    return list(rows.values_list("starts_at", "ends_at", "gpus").order_by())
+    return rows.values_list("starts_at", "ends_at", "gpus").order_by()
+
+
+_LEASES_FROM = Compiled(lambda model, start: _lease_rows(model, start), str, datetime)
 
 
 def leased_peak(model: str, start, end=None, *, exclude=None) -> int:

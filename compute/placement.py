@@ -213,13 +213,24 @@ def _open_hosts():
 
 def load_scheduler(*, sample: int | None = None) -> Scheduler:
     """A fresh view of every host open to new requests."""
-    excluded = Host.objects.exclude(state=HostState.UP).count()
     return Scheduler(
-        _host_views(_open_hosts()),
-        excluded=excluded,
+        _views(_OPEN_HOSTS.tuples(), _OPEN_HOSTS_GPUS.tuples()),
+        excluded=len(_HOSTS_NOT_UP.tuples()),
         sample=sample or settings.SCHEDULER_SAMPLE,
         rng=_rng(),
     )
+
+
+# ``load_scheduler``'s reads, compiled once: a view is loaded again whenever it has aged
+# past its TTL, and the ORM would build its joins and subqueries every time.
+_OPEN_HOSTS = Compiled(lambda: _host_rows(_open_hosts()))
+_OPEN_HOSTS_GPUS = Compiled(
+    lambda: _gpu_rows(Device.objects.filter(host__in=_open_hosts().values("pk")))
+)
+_HOSTS_NOT_UP = Compiled(lambda: Host.objects.exclude(state=HostState.UP).values_list("pk"))
+_LENDING = Compiled(
+    lambda: Lease.objects.filter(state=LeaseState.ACTIVE, lend_idle=True).values_list("pk")[:1]
+)
 
 
 def _rng() -> random.Random | None:
@@ -250,7 +261,7 @@ class _CachedView:
         fresh = fresh and age > settings.SCHEDULER_FRESH_AFTER_S
         if fresh or self.scheduler is None or age > settings.SCHEDULER_VIEW_TTL_S:
             self.scheduler = load_scheduler()
-            self.lends = Lease.objects.filter(state=LeaseState.ACTIVE, lend_idle=True).exists()
+            self.lends = bool(_LENDING.tuples())
             self.loaded_at = view_clock()
         return self.scheduler
 
@@ -543,7 +554,7 @@ def place(vm: VirtualMachine) -> Placement:
     admitted_if = guarantees.nothing_to_weigh(vm)  # None: admitted once weighed (or spot)
     weighed = False  # weighed in this transaction, and admitted
     if admitted_if is not None and _weighs_lately(vm):
-        _raise_if_refused(vm, req)  # weighed first: a claim on nothing to weigh would fail
+        _raise_if_refused(vm, req, to_weigh=True)  # weighed first: a claim would fail
         admitted_if, weighed = None, True
     borrows = vm.priority == Priority.SPOT and bool(vm.gpus)
     fresh = False
@@ -579,7 +590,7 @@ def place(vm: VirtualMachine) -> Placement:
                 view.forget(scheduler, placement, req, e)
             if isinstance(e, AdmissionToWeigh):
                 _WEIGHED[_weighing_key(vm)] = view_clock()
-                _raise_if_refused(vm, req)
+                _raise_if_refused(vm, req, to_weigh=True)
                 admitted_if, weighed = None, True
                 continue
             log.info("vm %s: claim on %s lost a race (%s)", vm.pk, placement.host_name, e)
@@ -656,10 +667,10 @@ def no_room(req: Request, *, look_fresh: bool = True) -> str:
     return reason
 
 
-def _raise_if_refused(vm: VirtualMachine, req: Request) -> None:
+def _raise_if_refused(vm: VirtualMachine, req: Request, *, to_weigh: bool = False) -> None:
     from compute import guarantees
 
-    refusal = guarantees.admission_refusal(vm)
+    refusal = guarantees.admission_refusal(vm, to_weigh=to_weigh)
     if refusal:
         raise NoValidHost(req, 0, Counter(), 0, reason=refusal)
 
