@@ -445,7 +445,7 @@ class CompiledUpdate:
         alias, sql, params = self._statement(values)
         with (
             transaction.mark_for_rollback_on_error(using=alias),
-            connections[alias].cursor() as cursor,
+            prepared.cursor(connections[alias]) as cursor,
         ):
             cursor.execute(sql, params)
             return cursor.rowcount
@@ -462,7 +462,7 @@ class CompiledUpdate:
         )
         with (
             transaction.mark_for_rollback_on_error(using=alias),
-            connection.cursor() as cursor,
+            prepared.cursor(connection) as cursor,
         ):
             cursor.execute(sql + clause, params)
             fetched = cursor.fetchall()
@@ -702,7 +702,7 @@ def insert_many(objs: list[models.Model]) -> None:
             for obj in chunk
             for field in fields
         ]
-        with connection.cursor() as cursor:
+        with prepared.cursor(connection) as cursor:
             cursor.execute(sql, params)
             if returned:
                 for obj, row in zip(chunk, cursor.fetchall(), strict=True):

@@ -15,6 +15,8 @@ them and prepare them again.
 
 - ``fetch`` runs one read on Django's cursor, and lets that read stand for the connection's
   health check.
+- ``cursor(connection)`` is a cursor to run one statement on: Django's, or, where nothing
+  watches what the connection runs, the one kept on the connection (``KeptCursor``).
 - ``client_cursor(connection)`` is Django's cursor over a psycopg cursor that writes the
   values into the text, and that psycopg's statement cache does not watch: what a claim
   needs to send its savepoint, its own preparation and its statement as one string in one
@@ -47,7 +49,7 @@ def fetch(connection, sql: str, params) -> list[tuple]:
     if probe:
         connection.health_check_done = True
     try:
-        with connection.cursor() as executing:
+        with cursor(connection) as executing:
             executing.execute(sql, params)
             return executing.fetchall()
     except (OperationalError, InterfaceError):
@@ -57,6 +59,63 @@ def fetch(connection, sql: str, params) -> list[tuple]:
     with connection.cursor() as executing:
         executing.execute(sql, params)
         return executing.fetchall()
+
+
+def cursor(connection):
+    """A cursor to run one statement on, as ``with cursor(connection) as c`` (``execute``,
+    ``fetchall``, ``rowcount``). Django makes a new cursor, and its wrapper, for every
+    statement, about 40 µs here, a third of a small read's round trip; the statements Kumo
+    runs most (``controlplane.compiled``'s) run instead on one psycopg cursor kept on the
+    connection, as Django's wrapper runs them: the same check of a broken transaction, the
+    same errors. Django's own cursor, whenever something watches what the connection runs
+    (its queries logged, as tests count them; an execute wrapper) or it is not yet open or
+    still to be checked (``CONN_HEALTH_CHECKS``): that cursor opens and checks it."""
+    raw = connection.connection
+    if (
+        raw is None
+        or connection.queries_logged
+        or connection.execute_wrappers
+        or (connection.health_check_enabled and not connection.health_check_done)
+    ):
+        return connection.cursor()
+    kept = getattr(connection, "kumo_kept_cursor", None)
+    if kept is None or kept.raw is not raw:  # a new connection: a new cursor
+        with connection.wrap_database_errors:
+            kept = KeptCursor(connection, raw, connection.create_cursor())
+        connection.kumo_kept_cursor = kept
+    connection.validate_thread_sharing()
+    return kept
+
+
+class KeptCursor:
+    """The cursor ``cursor`` keeps on a connection (``raw``, the driver's connection it was
+    made on), used as Django's ``CursorWrapper`` is; leaving the block keeps it open."""
+
+    __slots__ = ("cursor", "db", "raw")
+
+    def __init__(self, db, raw, cursor) -> None:
+        self.db, self.raw, self.cursor = db, raw, cursor
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def execute(self, sql, params=None):
+        self.db.validate_no_broken_transaction()
+        with self.db.wrap_database_errors:
+            if params is None:
+                return self.cursor.execute(sql)
+            return self.cursor.execute(sql, params)
+
+    def fetchall(self) -> list:
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
 
 
 @contextmanager

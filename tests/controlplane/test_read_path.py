@@ -684,3 +684,57 @@ def test_a_compiled_insert_of_many_is_one_insert_of_the_rows_save_writes(
             {"n": n},
             event.project_id,
         )
+
+
+def test_a_kept_cursor_runs_the_compiled_statements_as_djangos_would(project):
+    """``prepared.cursor``: where nothing watches the connection, its compiled statements
+    run on one cursor kept on it, answering what Django's cursor answers; its errors are
+    Django's (an integrity error inside a transaction, then the broken transaction's error
+    for the next statement); with the queries logged (as tests count them) or an execute
+    wrapper, Django's cursor runs them and they are seen. (A connection lost and replaced
+    gets a new one: ``test_database_loss``'s connection lost while idle.)"""
+    from django.db import IntegrityError, connection, transaction
+    from django.db.transaction import TransactionManagementError
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from controlplane import prepared
+    from controlplane.compiled import Compiled, CompiledUpdate, insert
+    from controlplane.models import Operation
+
+    read = Compiled(lambda pk: Project.objects.filter(pk=pk).values_list("slug"), int)
+    connection.ensure_connection()
+    connection.health_check_done = True  # as after a request's first statement
+    kept = prepared.cursor(connection)
+    assert isinstance(kept, prepared.KeptCursor)
+    assert prepared.cursor(connection) is kept
+    assert read.tuples(project.pk) == [(project.slug,)]
+    with CaptureQueriesContext(connection) as queries:
+        assert not isinstance(prepared.cursor(connection), prepared.KeptCursor)
+        assert read.tuples(project.pk) == [(project.slug,)]
+    assert len(queries.captured_queries) == 1
+    seen = []
+    with connection.execute_wrapper(lambda execute, *args: seen.append(1) or execute(*args)):
+        assert read.tuples(project.pk) == [(project.slug,)]
+    assert seen == [1]
+
+    def operation(pk):
+        return Operation(
+            pk=pk, kind="k", target_type="t", target_id="1", deadline_at=timezone.now()
+        )
+
+    rename = CompiledUpdate(
+        lambda pk, slug: (Project.objects.filter(pk=pk), {"slug": slug}), int, str
+    )
+    other = make_project()
+    with transaction.atomic():
+        first = operation(uuid4())
+        insert(first)  # its key the model's: written by the kept cursor's INSERT
+        with pytest.raises(IntegrityError), transaction.atomic():  # its savepoint undone
+            insert(operation(first.pk))
+        with pytest.raises(IntegrityError):  # an update's failure marks the transaction
+            rename.run(other.pk, project.slug)
+        with pytest.raises(TransactionManagementError):
+            read.tuples(project.pk)
+        transaction.set_rollback(True)
+    assert read.tuples(project.pk) == [(project.slug,)]  # the kept cursor works on
