@@ -78,6 +78,55 @@ _NOTICES = Compiled(_notices)
 EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
 
 
+def _sample_reads():
+    """The reads of every sample (``Replay._on_sample``), compiled once: a month has 4,320
+    samples."""
+    from django.db.models import Count, Sum
+
+    from compute.choices import DeviceKind, LeaseState, VmState
+    from compute.models import Device, Host, Lease, VirtualMachine
+
+    gpus = Device.objects.filter(kind=DeviceKind.GPU, present=True)
+    return {
+        "free_gpus": lambda: (
+            gpus.filter(vm__isnull=True)
+            .values("host_id")
+            .annotate(n=Count("pk"))
+            .values_list("host_id", "n")
+            .order_by()
+        ),
+        "host_room": lambda: Host.objects.values_list(
+            "pk", "vcpus", "vcpus_used", "memory_mib", "memory_mib_used"
+        ).order_by(),
+        "lease_idle": lambda: gpus.filter(vm__isnull=True, lease__isnull=False).values_list("pk"),
+        "on_demand_gpus": lambda: (
+            VirtualMachine.objects.filter(priority="on_demand", gpus__gt=0, host__isnull=False)
+            .exclude(state=VmState.DELETED)
+            .values("project_id")
+            .annotate(n=Sum("gpus"))
+            .values_list("project_id", "n")
+            .order_by()
+        ),
+        "active_leases": lambda: (
+            Lease.objects.filter(state=LeaseState.ACTIVE)
+            .annotate(held=Count("devices"))
+            .values_list("gpus", "held")
+            .order_by()
+        ),
+    }
+
+
+def _sample_read(name: str) -> Compiled:
+    return Compiled(lambda: _sample_reads()[name]())
+
+
+_FREE_GPUS = _sample_read("free_gpus")
+_HOST_ROOM = _sample_read("host_room")
+_LEASE_IDLE = _sample_read("lease_idle")
+_ON_DEMAND_GPUS = _sample_read("on_demand_gpus")
+_ACTIVE_LEASES = _sample_read("active_leases")
+
+
 @contextmanager
 def _fresh_views(*views):
     """The process's cached views start empty and are left empty: none outlives the
@@ -627,42 +676,20 @@ class Replay:
         return bool(evicted)
 
     def _on_sample(self) -> None:
-        from django.db.models import Count, Sum
-
-        from compute.choices import DeviceKind, VmState
-        from compute.models import Device, Host, VirtualMachine
-
         # Stranded: free GPUs on hosts lacking the vCPUs or memory of one more GPU.
-        free = dict(
-            Device.objects.filter(kind=DeviceKind.GPU, vm__isnull=True, present=True)
-            .values("host_id")
-            .annotate(n=Count("pk"))
-            .values_list("host_id", "n")
-            .order_by()
-        )
-        for pk, vcpus, vused, mem, mused in Host.objects.filter(pk__in=list(free)).values_list(
-            "pk", "vcpus", "vcpus_used", "memory_mib", "memory_mib_used"
-        ):
-            if vcpus - vused < 16 or mem - mused < 57 * 1024:
+        free = dict(_FREE_GPUS.tuples())
+        for pk, vcpus, vused, mem, mused in _HOST_ROOM.tuples():
+            if pk in free and (vcpus - vused < 16 or mem - mused < 57 * 1024):
                 self.m.stranded += free[pk] * self.sample_s
         # Held by a lease and used by none of its VMs: free, but for the lease's project only.
-        idle = Device.objects.filter(
-            kind=DeviceKind.GPU, vm__isnull=True, lease__isnull=False, present=True
-        ).count()
+        idle = len(_LEASE_IDLE.tuples())
         self.m.lease_idle += idle * self.sample_s
         if self._spot_waits():
             self.m.saturated_lease_idle += idle * self.sample_s
         # Guarantees: others' on-demand GPUs never took the guaranteed headroom.
         if self.guarantees:
             ids = {self.projects[s].pk: g for s, g in self.guarantees.items()}
-            used = dict(
-                VirtualMachine.objects.filter(priority="on_demand", gpus__gt=0, host__isnull=False)
-                .exclude(state=VmState.DELETED)
-                .values("project_id")
-                .annotate(n=Sum("gpus"))
-                .values_list("project_id", "n")
-                .order_by()
-            )
+            used = dict(_ON_DEMAND_GPUS.tuples())
             headroom = sum(max(0, g - used.get(p, 0)) for p, g in ids.items())
             taken = sum(used.values())
             self.m.guarantee_samples += 1
@@ -671,16 +698,7 @@ class Replay:
 
     def _sample_leases(self) -> None:
         """Every active lease holds all its GPUs."""
-        from django.db.models import Count
-
-        from compute.choices import LeaseState
-        from compute.models import Lease
-
-        active = list(
-            Lease.objects.filter(state=LeaseState.ACTIVE)
-            .annotate(held=Count("devices"))
-            .values_list("gpus", "held")
-        )
+        active = _ACTIVE_LEASES.tuples()
         if active:
             self.m.lease_samples += 1
             self.m.lease_ok += all(held >= gpus for gpus, held in active)
