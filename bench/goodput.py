@@ -11,8 +11,9 @@ GPUs to spot VMs unless ``--lease-keeps-idle``), replays it with boots of
 60 s, stops of 10 s and eviction notices of 30 s (spot jobs report each checkpoint, every
 30 minutes of their run, unless ``--no-checkpoint-reports``), and prints progress on stderr and one
 JSON line, last, on stdout (the keys of ``compute.replay.sim.Replay._figures``, then
-``targets``, ``met`` for each and ``all_met``). Writes the plot to ``--plot`` (default
-``goodput.png``).
+``reference_round_trip_us``: a trivial read's round trip before and after the replay, the
+machine's pace in the same run; then ``targets``, ``met`` for each and ``all_met``).
+Writes the plot to ``--plot`` (default ``goodput.png``).
 
 Targets: >= 30 simulated days and >= 20,000 jobs; goodput >= 0.97 of capacity
 while spot demand exceeds free capacity; on-demand p99 wait <= notice + 60 s; every
@@ -78,12 +79,33 @@ def main() -> None:
             checkpoint_reports=not args.no_checkpoint_reports,
             progress=log,
         )
+        before = round_trip_us()
         figures = replay.run()
+        figures["reference_round_trip_us"] = {"before": before, "after": round_trip_us()}
         if args.plot:
             replay.plot(args.plot)
             log(f"plot written to {args.plot}")
     figures |= judged(figures, notice_s=replay.notice_s)
     print(json.dumps(figures, sort_keys=True), flush=True)
+
+
+def round_trip_us(n: int = 3000) -> float:
+    """The machine's pace in the same run, beside the month's wall time (which is absolute):
+    the median microseconds of one trivial read of the replay's database, as Kumo sends its
+    statements (through Django's cursor, bound, prepared after its fifth run)."""
+    import statistics
+    import time
+
+    from django.db import connection
+
+    times = []
+    for value in range(n):
+        start = time.perf_counter()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s::int + 1", [value])
+            cursor.fetchall()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1e6, 1)
 
 
 def judged(figures: dict, *, notice_s: float) -> dict:
