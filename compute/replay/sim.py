@@ -78,53 +78,76 @@ _NOTICES = Compiled(_notices)
 EPOCH = datetime(2031, 1, 1, tzinfo=UTC)
 
 
-def _sample_reads():
-    """The reads of every sample (``Replay._on_sample``), compiled once: a month has 4,320
-    samples."""
-    from django.db.models import Count, Sum
-
-    from compute.choices import DeviceKind, LeaseState, VmState
-    from compute.models import Device, Host, Lease, VirtualMachine
-
-    gpus = Device.objects.filter(kind=DeviceKind.GPU, present=True)
-    return {
-        "free_gpus": lambda: (
-            gpus.filter(vm__isnull=True)
-            .values("host_id")
-            .annotate(n=Count("pk"))
-            .values_list("host_id", "n")
-            .order_by()
-        ),
-        "host_room": lambda: Host.objects.values_list(
-            "pk", "vcpus", "vcpus_used", "memory_mib", "memory_mib_used"
-        ).order_by(),
-        "lease_idle": lambda: gpus.filter(vm__isnull=True, lease__isnull=False).values_list("pk"),
-        "on_demand_gpus": lambda: (
-            VirtualMachine.objects.filter(priority="on_demand", gpus__gt=0, host__isnull=False)
-            .exclude(state=VmState.DELETED)
-            .values("project_id")
-            .annotate(n=Sum("gpus"))
-            .values_list("project_id", "n")
-            .order_by()
-        ),
-        "active_leases": lambda: (
-            Lease.objects.filter(state=LeaseState.ACTIVE)
-            .annotate(held=Count("devices"))
-            .values_list("gpus", "held")
-            .order_by()
-        ),
-    }
+# The reads of every sample (``Replay._on_sample``), compiled once: a month has 4,320.
 
 
-def _sample_read(name: str) -> Compiled:
-    return Compiled(lambda: _sample_reads()[name]())
+def _free_gpus():
+    from django.db.models import Count
+
+    from compute.choices import DeviceKind
+    from compute.models import Device
+
+    return (
+        Device.objects.filter(kind=DeviceKind.GPU, present=True, vm__isnull=True)
+        .values("host_id")
+        .annotate(n=Count("pk"))
+        .values_list("host_id", "n")
+        .order_by()
+    )
 
 
-_FREE_GPUS = _sample_read("free_gpus")
-_HOST_ROOM = _sample_read("host_room")
-_LEASE_IDLE = _sample_read("lease_idle")
-_ON_DEMAND_GPUS = _sample_read("on_demand_gpus")
-_ACTIVE_LEASES = _sample_read("active_leases")
+def _host_room():
+    from compute.models import Host
+
+    return Host.objects.values_list(
+        "pk", "vcpus", "vcpus_used", "memory_mib", "memory_mib_used"
+    ).order_by()
+
+
+def _lease_idle():
+    from compute.choices import DeviceKind
+    from compute.models import Device
+
+    return Device.objects.filter(
+        kind=DeviceKind.GPU, present=True, vm__isnull=True, lease__isnull=False
+    ).values_list("pk")
+
+
+def _on_demand_gpus():
+    from django.db.models import Sum
+
+    from compute.choices import VmState
+    from compute.models import VirtualMachine
+
+    return (
+        VirtualMachine.objects.filter(priority="on_demand", gpus__gt=0, host__isnull=False)
+        .exclude(state=VmState.DELETED)
+        .values("project_id")
+        .annotate(n=Sum("gpus"))
+        .values_list("project_id", "n")
+        .order_by()
+    )
+
+
+def _active_leases():
+    from django.db.models import Count
+
+    from compute.choices import LeaseState
+    from compute.models import Lease
+
+    return (
+        Lease.objects.filter(state=LeaseState.ACTIVE)
+        .annotate(held=Count("devices"))
+        .values_list("gpus", "held")
+        .order_by()
+    )
+
+
+_FREE_GPUS = Compiled(_free_gpus)
+_HOST_ROOM = Compiled(_host_room)
+_LEASE_IDLE = Compiled(_lease_idle)
+_ON_DEMAND_GPUS = Compiled(_on_demand_gpus)
+_ACTIVE_LEASES = Compiled(_active_leases)
 
 
 @contextmanager

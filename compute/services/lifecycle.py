@@ -210,10 +210,6 @@ def open_operation(vm: VirtualMachine, kind: str, actor) -> Operation:
 VM_TARGET = VirtualMachine._meta.label_lower  # an operation's ``target_type`` for a VM
 
 
-def vm_operations(vm: VirtualMachine):
-    return Operation.objects.filter(target_type=VM_TARGET, target_id=str(vm.pk))
-
-
 def current_operation(vm: VirtualMachine) -> str:
     """The id of the newest operation on ``vm`` a host's answer may still finish: unfinished,
     or failed by the reaper's deadline alone (a late success overturns that;
